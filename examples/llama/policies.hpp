@@ -1,0 +1,101 @@
+// The named KV-cache policies kvpack-eval knows: a compile-time list of (name, cache type) pairs
+// and a runtime dispatch from a name to a function template. Adding a policy is one line.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <kvpack/kvpack.hpp>
+
+#include "reference_cache.hpp"
+
+namespace kvpack::llama {
+
+/// A string usable as a template argument (a policy's name).
+template <std::size_t N>
+struct PolicyName {
+  char text[N]{};
+  constexpr PolicyName(const char (&s)[N]) { std::copy_n(s, N, text); }  // NOLINT: implicit by design
+  [[nodiscard]] constexpr std::string_view view() const { return {text, N - 1}; }
+};
+
+/// One registry entry: `Name` selects cache type `Cache`; `Default` entries run when
+/// --policies is not given.
+template <PolicyName Name, class Cache, bool Default = true>
+struct Policy {
+  static constexpr std::string_view name = Name.view();
+  static constexpr bool in_defaults = Default;
+  using cache = Cache;
+};
+
+template <class... Ps>
+struct PolicyList {};
+
+/// Every policy kvpack-eval can run. "fp32" is the baseline the others are compared with.
+using Registry = PolicyList<
+    Policy<"fp32", KVCache<Keys<Fp32>, Values<Fp32>>>,
+    Policy<"fp16", KVCache<Keys<Fp16>, Values<Fp16>>>,
+    Policy<"int8", KVCache<Keys<Int8<Group<32>>>, Values<Int8<Group<32>>>>>,
+    Policy<"int4-g32", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>>>,
+    Policy<"int4-g64", KVCache<Keys<Int4<Group<64>>>, Values<Int4<Group<64>>>>>,
+    Policy<"k8v4", KVCache<Keys<Int8<Group<32>>>, Values<Int4<Group<32>>>>>,
+    Policy<"kivi4", KVCache<Keys<Int4<Group<32>>, PerChannel>, Values<Int4<Group<32>>>, Residual<128>>>,
+    Policy<"fp8-e4m3", KVCache<Keys<Fp8E4M3<Group<32>>>, Values<Fp8E4M3<Group<32>>>>>,
+    // Not run by default: the engine's own cache without kvpack, and a destructive cache (every V
+    // stored as zero) that proves the cache is in the path of every scored token.
+    Policy<"reference", ReferenceCache, false>,
+    Policy<"zero-v", ZeroValues<KVCache<Keys<Fp32>, Values<Fp32>>>, false>>;
+
+namespace detail {
+template <PolicyName Name, class... Ps>
+struct find_policy {
+  static_assert(sizeof...(Ps) > 0, "kvpack::llama::cache_for: no policy of that name in the Registry");
+};
+template <PolicyName Name, class P, class... Ps>
+struct find_policy<Name, P, Ps...> {
+  using type = typename std::conditional_t<P::name == Name.view(), std::type_identity<typename P::cache>,
+                                           find_policy<Name, Ps...>>::type;
+};
+template <PolicyName Name, class List>
+struct find_in;
+template <PolicyName Name, class... Ps>
+struct find_in<Name, PolicyList<Ps...>> : find_policy<Name, Ps...> {};
+}  // namespace detail
+
+/// The cache type registered under `Name`, e.g. cache_for<"int8">.
+template <PolicyName Name>
+using cache_for = typename detail::find_in<Name, Registry>::type;
+
+/// Names of the registered policies (all, or only those run by default), in registry order.
+[[nodiscard]] inline std::vector<std::string> policy_names(bool defaults_only) {
+  std::vector<std::string> out;
+  [&]<class... Ps>(PolicyList<Ps...>) {
+    (..., (defaults_only && !Ps::in_defaults ? void() : void(out.emplace_back(Ps::name))));
+  }(Registry{});
+  return out;
+}
+
+/// Whether `name` is a registered policy.
+[[nodiscard]] inline bool has_policy(std::string_view name) {
+  const auto all = policy_names(false);
+  return std::find(all.begin(), all.end(), name) != all.end();
+}
+
+/// Calls `f.template operator()<Cache>()` with the cache type registered under `name` and
+/// returns its result. `f` must return R for every cache type; returns `otherwise` for an
+/// unknown name. One instantiation of `f` per registered policy.
+template <class R, class F>
+R with_policy(std::string_view name, F&& f, R otherwise) {
+  R result = std::move(otherwise);
+  [&]<class... Ps>(PolicyList<Ps...>) {
+    (void)((Ps::name == name ? (result = f.template operator()<typename Ps::cache>(), true) : false) || ...);
+  }(Registry{});
+  return result;
+}
+
+}  // namespace kvpack::llama
