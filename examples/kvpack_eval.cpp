@@ -47,7 +47,7 @@ struct Options {
   std::vector<std::string> policies;
   std::vector<int> dump_layers{0, 15, 29};
   bool needle = true;
-  std::vector<int64_t> needle_lengths{1024, 2048, 4096};
+  std::vector<int64_t> needle_lengths{1024};
   std::vector<int> needle_depths{10, 50, 90};
 };
 
@@ -434,7 +434,7 @@ int run(int argc, char** argv) {
                  "[tokens][kv_heads][head_dim], plus meta.json");
   app.add_option("--dump-layers", opt.dump_layers, "Layers written by --dump-kv")->delimiter(',');
   app.add_flag("!--no-needle", opt.needle, "Skip the needle (passkey) retrieval test");
-  app.add_option("--needle-lengths", opt.needle_lengths, "Needle prompt lengths in tokens")->delimiter(',');
+  app.add_option("--needle-lengths", opt.needle_lengths, "Needle prompt lengths in tokens, up to the model's context (e.g. 1024,2048,4096)")->delimiter(',');
   app.add_option("--needle-depths", opt.needle_depths, "Needle depths in percent of the filler")->delimiter(',');
   app.add_option("--filler", opt.filler,
                  "Needle filler text (default: ../shared/data/wikitext-2-raw/wiki.test.raw, else --text)");
@@ -520,12 +520,14 @@ int run(int argc, char** argv) {
 
   // Needle cases.
   std::vector<NeedleCase> needles;
+  std::string filler_name;
   if (opt.needle) {
     std::string fpath = opt.filler;
     if (fpath.empty()) {
       fpath = "../shared/data/wikitext-2-raw/wiki.test.raw";
       if (!std::filesystem::exists(fpath)) fpath = opt.text;
     }
+    filler_name = std::filesystem::path(fpath).filename().string();
     std::optional<std::string> ftext;
     if (!fpath.empty()) ftext = read_file(fpath);
     if (!ftext) {
@@ -620,7 +622,7 @@ int run(int argc, char** argv) {
        << (s.decode_tokens ? fmt("%.1f", double(s.decode_tokens) / std::max(s.decode_s, 1e-9)) : "-") << " |\n";
   }
   if (!needles.empty()) {
-    md << "\nNeedle retrieval: 5-digit pass key at depth d % of " << (opt.filler.empty() ? "WikiText-2" : "--filler")
+    md << "\nNeedle retrieval: 5-digit pass key at depth d % of " << filler_name
        << " filler in an L-token prompt; cell = greedy exact match (✓/✗) and log p(answer) in nats.\n\n| policy |";
     for (const auto& c : needles) md << " " << c.length << "@" << c.depth << "% |";
     md << " exact | mean log p |\n|---|";
@@ -651,6 +653,8 @@ int run(int argc, char** argv) {
     j["windows"] = windows.size();
     j["chunk"] = opt.chunk;
     j["scored_tokens"] = scored;
+    if (opt.text.empty())
+      j["passage"] = tok->decode(std::span(windows[0].tokens).subspan(gen_prompt.size()));
     j["threads"] = omp_get_max_threads();
     j["kl"] = "KL(fp32 cache || policy), nats per scored token";
     for (const auto& s : stats) {
