@@ -345,7 +345,9 @@ TEST(LlamaTokenizerTiny, Errors) {
 std::string data_dir() { return KVPACK_LLAMA_TEST_DATA_DIR; }
 
 std::string wikitext_path() {
-  if (const char* p = std::getenv("KVPACK_WIKITEXT_PATH"); p != nullptr && *p != '\0') return p;
+  if (const char* p = std::getenv("KVPACK_WIKITEXT_PATH"); p != nullptr && *p != '\0') {
+    return std::filesystem::exists(p) ? std::string(p) : std::string();
+  }
   const std::filesystem::path root = KVPACK_SOURCE_DIR;
   for (const auto& cand : {root / ".." / "shared", root / ".." / ".." / "shared"}) {
     const auto p = cand / "data" / "wikitext-2-raw" / "wiki.test.raw";
