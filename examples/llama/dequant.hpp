@@ -6,11 +6,18 @@
 //   Q5_0  32 values, 22 B (5.5 bits/value):  fp16 d | u32 qh | 16 B;  x = (q - 16) * d
 //   Q5_1  32 values, 24 B (6.0 bits/value):  fp16 d, fp16 m | u32 qh | 16 B;  x = q * d + m
 //   Q8_0  32 values, 34 B (8.5 bits/value):  fp16 d | 32 int8;        x = q * d
+//   Q2_K 256 values, 84 B (2.625 bits/value): 16 B scales (low nibble scale, high nibble min of
+//         each 16-value sub-block) | 64 B 2-bit quants | fp16 d, fp16 dmin;
+//         x = d*(sc & 15) * q - dmin*(sc >> 4)
+//   Q3_K 256 values, 110 B (3.4375 bits/value): 32 B high-bit mask | 64 B 2-bit quants |
+//         12 B of 16 packed 6-bit scales | fp16 d;  x = d * (sc - 32) * (q2 - (hbit ? 0 : 4))
 //   Q4_K 256 values, 144 B (4.5 bits/value): fp16 d, fp16 dmin | 12 B packed 6-bit scales and
 //         mins for 8 sub-blocks of 32 | 128 B nibbles;  x = d*sc[j] * q - dmin*m[j]
 //   Q5_K 256 values, 176 B (5.5 bits/value): like Q4_K plus 32 B of fifth bits (qh)
 //   Q6_K 256 values, 210 B (6.5625 bits/value): 128 B low nibbles | 64 B high 2-bit pairs |
 //         16 int8 scales (sub-blocks of 16) | fp16 d;  x = d * sc[j] * (q - 32)
+// 2-bit packing of Q2_K/Q3_K: value 128*h + 32*g + l sits in bits 2g..2g+1 of quant byte 32*h + l;
+// the Q3_K high bit of that value is bit 4*h + g of hmask[l].
 // For 4-bit packing of 32-value blocks, byte i holds value i in its low nibble and value i+16 in
 // its high nibble. K-quant nibbles: within each 64-value chunk, byte l holds value l (low nibble)
 // and value l+32 (high nibble).
@@ -149,6 +156,36 @@ inline void k_scale_min(std::span<const std::byte> sc, size_t j, int& scale, int
   }
 }
 
+inline void dequant_q2_k(std::span<const std::byte> b, float* y) noexcept {
+  const auto scales = b.subspan(0, 16);  // per 16-value sub-block: low nibble scale, high nibble min
+  const auto qs = b.subspan(16, 64);
+  const float d = f16_at(b, 80);
+  const float dmin = f16_at(b, 82);
+  for (size_t v = 0; v < 256; ++v) {  // v = 128*half + 32*group + l
+    const size_t half = v / 128, group = (v % 128) / 32, l = v % 32;
+    const unsigned q = (u8(qs, 32 * half + l) >> (2 * group)) & 3u;
+    const uint8_t sc = u8(scales, v / 16);
+    y[v] = d * static_cast<float>(sc & 0x0F) * static_cast<float>(q) - dmin * static_cast<float>(sc >> 4);
+  }
+}
+
+inline void dequant_q3_k(std::span<const std::byte> b, float* y) noexcept {
+  const auto hmask = b.subspan(0, 32);
+  const auto qs = b.subspan(32, 64);
+  const auto sc = b.subspan(96, 12);  // 16 6-bit scales, stored with an offset of 32
+  const float d = f16_at(b, 108);
+  for (size_t v = 0; v < 256; ++v) {  // v = 128*half + 32*group + l
+    const size_t half = v / 128, group = (v % 128) / 32, l = v % 32;
+    const size_t j = v / 16;
+    const int low = j < 8 ? (u8(sc, j) & 0x0F) : (u8(sc, j - 8) >> 4);
+    const int high = (u8(sc, 8 + j % 4) >> (2 * (j / 4))) & 3;
+    const int scale = (low | (high << 4)) - 32;
+    const int q2 = (u8(qs, 32 * half + l) >> (2 * group)) & 3;
+    const bool hbit = ((u8(hmask, l) >> (4 * half + group)) & 1) != 0;
+    y[v] = d * static_cast<float>(scale) * static_cast<float>(q2 - (hbit ? 0 : 4));
+  }
+}
+
 inline void dequant_q4_k(std::span<const std::byte> b, float* y) noexcept {
   const float d = f16_at(b, 0);
   const float dmin = f16_at(b, 2);
@@ -222,7 +259,7 @@ inline void dequant_q6_k(std::span<const std::byte> b, float* y) noexcept {
   switch (type) {
     case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16:
     case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
-    case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+    case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
       return true;
     default:
       return false;
@@ -281,6 +318,8 @@ inline void dequant_q6_k(std::span<const std::byte> b, float* y) noexcept {
     case GgmlType::Q5_0: block_fn = detail::dequant_q5_0; break;
     case GgmlType::Q5_1: block_fn = detail::dequant_q5_1; break;
     case GgmlType::Q8_0: block_fn = detail::dequant_q8_0; break;
+    case GgmlType::Q2_K: block_fn = detail::dequant_q2_k; break;
+    case GgmlType::Q3_K: block_fn = detail::dequant_q3_k; break;
     case GgmlType::Q4_K: block_fn = detail::dequant_q4_k; break;
     case GgmlType::Q5_K: block_fn = detail::dequant_q5_k; break;
     case GgmlType::Q6_K: block_fn = detail::dequant_q6_k; break;

@@ -121,6 +121,47 @@ TEST(LlamaDequant, Q8_0HandBlock) {
   EXPECT_EQ(y[31], -3.875f);
 }
 
+TEST(LlamaDequant, Q2_KHandBlock) {
+  // scales byte k: scale k (low nibble), min 15 - k (high nibble); every quant byte 0xE4 holds
+  // 0,1,2,3 in its four 2-bit fields, so value v has q = its group (v % 128) / 32.
+  std::vector<std::byte> b;
+  for (int k = 0; k < 16; ++k) append(b, {k | ((15 - k) << 4)});
+  for (int k = 0; k < 64; ++k) append(b, {0xE4});
+  append(b, {0x00, 0x38, 0x00, 0x34});  // d = 0.5, dmin = 0.25
+  ASSERT_EQ(b.size(), 84u);
+  const auto y = run(GgmlType::Q2_K, b, 256);
+  EXPECT_EQ(y[0], -3.75f);    // 0.5*0*0 - 0.25*15
+  EXPECT_EQ(y[40], -2.25f);   // sub 2, q 1: 0.5*2*1 - 0.25*13
+  EXPECT_EQ(y[130], -1.75f);  // sub 8, q 0: -0.25*7
+  EXPECT_EQ(y[255], 22.5f);   // sub 15, q 3: 0.5*15*3 - 0
+  for (size_t v = 0; v < 256; ++v) {
+    const auto j = static_cast<float>(v / 16), q = static_cast<float>((v % 128) / 32);
+    EXPECT_EQ(y[v], 0.5f * j * q - 0.25f * (15.0f - j)) << v;
+  }
+}
+
+TEST(LlamaDequant, Q3_KHandBlock) {
+  // Stored 6-bit scales S_j = 4j + 2 (actual S_j - 32 = 4j - 30): low nibbles 2,6,A,E repeating,
+  // high bit pairs 0 (j 0-3), 1 (j 4-7), 2 (j 8-11), 3 (j 12-15).
+  std::vector<std::byte> b;
+  for (int l = 0; l < 32; ++l) append(b, {l < 16 ? 0xFF : 0x00});  // hmask: high bit set for l < 16
+  for (int k = 0; k < 64; ++k) append(b, {0xE4});                  // 2-bit quant = group
+  append(b, {0x22, 0x66, 0xAA, 0xEE, 0x22, 0x66, 0xAA, 0xEE, 0xE4, 0xE4, 0xE4, 0xE4});
+  append(b, {0x00, 0x3C});  // d = 1
+  ASSERT_EQ(b.size(), 110u);
+  const auto y = run(GgmlType::Q3_K, b, 256);
+  EXPECT_EQ(y[0], 0.0f);      // scale -30, q 0 - 0
+  EXPECT_EQ(y[16], 104.0f);   // scale -26, q 0 - 4
+  EXPECT_EQ(y[33], -22.0f);   // scale -22, q 1 - 0
+  EXPECT_EQ(y[200], 36.0f);   // scale 18, q 2 - 0
+  EXPECT_EQ(y[255], -30.0f);  // scale 30, q 3 - 4
+  for (size_t v = 0; v < 256; ++v) {
+    const int scale = 4 * static_cast<int>(v / 16) - 30;
+    const int q = static_cast<int>((v % 128) / 32) - (v % 32 < 16 ? 0 : 4);
+    EXPECT_EQ(y[v], static_cast<float>(scale * q)) << v;
+  }
+}
+
 // Q4_K / Q5_K: the 12 scale bytes below pack sub-block scales {1,2,3,4,17,33,50,63} and mins
 // {0,1,2,3,20,40,63,16} (6 bits each; packing worked out by hand in the comment of each byte).
 constexpr int kKScale[8] = {1, 2, 3, 4, 17, 33, 50, 63};
@@ -232,10 +273,10 @@ TEST(LlamaDequant, RandomBlocksMatchGgufPy) {
 
 TEST(LlamaDequant, Errors) {
   std::vector<float> y(32), y256(256), y31(31);
-  auto unsupported = dequantize_row(GgmlType::Q2_K, std::vector<std::byte>(84), y256);
+  auto unsupported = dequantize_row(GgmlType::IQ4_XS, std::vector<std::byte>(136), y256);
   ASSERT_FALSE(unsupported);
   EXPECT_EQ(unsupported.error().code, Errc::unsupported);
-  EXPECT_NE(unsupported.error().message.find("Q2_K"), std::string::npos);
+  EXPECT_NE(unsupported.error().message.find("IQ4_XS"), std::string::npos);
   auto iq = dequantize_row(GgmlType::IQ2_XXS, std::vector<std::byte>(66), y256);
   ASSERT_FALSE(iq);
   EXPECT_NE(iq.error().message.find("IQ2_XXS"), std::string::npos);
@@ -251,12 +292,12 @@ TEST(LlamaDequant, Errors) {
   EXPECT_EQ(partial_block.error().code, Errc::invalid_argument);
   EXPECT_TRUE(dequantize_row(GgmlType::Q8_0, {}, {}));  // zero blocks is fine
 
-  kvpack::llama::TensorInfo t{"w", {256}, GgmlType::Q3_K, 0, {}};
+  kvpack::llama::TensorInfo t{"w", {256}, GgmlType::Q8_K, 0, {}};
   auto whole = dequantize(t);
   ASSERT_FALSE(whole);
   EXPECT_EQ(whole.error().code, Errc::unsupported);
   EXPECT_NE(whole.error().message.find("'w'"), std::string::npos);
-  EXPECT_NE(whole.error().message.find("Q3_K"), std::string::npos);
+  EXPECT_NE(whole.error().message.find("Q8_K"), std::string::npos);
 }
 
 TEST(LlamaDequant, WholeTensorOfABuiltFile) {

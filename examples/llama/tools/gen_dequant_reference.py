@@ -23,7 +23,7 @@ rng = np.random.default_rng(20261129)
 # byte offsets of fp16 fields that scale the block (made finite and moderate)
 HALF_FIELDS = {
     T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
-    T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
+    T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
 }
 
 
@@ -65,7 +65,8 @@ def main():
     out.append("inline const std::vector<RandomBlockCase>& random_block_cases() {")
     out.append("  static const std::vector<RandomBlockCase> cases = {")
     for qtype, nb in [(T.F32, 1), (T.F16, 1), (T.BF16, 1), (T.Q4_0, 2), (T.Q4_1, 2), (T.Q5_0, 2),
-                      (T.Q5_1, 2), (T.Q8_0, 2), (T.Q4_K, 2), (T.Q5_K, 2), (T.Q6_K, 2)]:
+                      (T.Q5_1, 2), (T.Q8_0, 2), (T.Q2_K, 2), (T.Q3_K, 2), (T.Q4_K, 2), (T.Q5_K, 2),
+                      (T.Q6_K, 2)]:
         raw, n = block_bytes(qtype, nb)
         if qtype in (T.F32, T.F16, T.BF16):
             vals = dequantize(raw, qtype) if qtype != T.F32 else raw.view(np.float32)
