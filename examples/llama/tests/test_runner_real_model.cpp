@@ -3,7 +3,7 @@
 // within 1 % of the fp32 cache, a destructive cache that must wreck perplexity, and models with
 // wrong weights that must fail the same checks.
 // Model: $KVPACK_MODEL_PATH, else $KVPACK_MODEL_DIR or ~/.cache/kvpack/models (examples/fetch_model.sh).
-// Text: $KVPACK_WIKITEXT, else ../shared/data/wikitext-2-raw/wiki.test.raw beside the project.
+// Text: $KVPACK_WIKITEXT_PATH, else ../shared/data/wikitext-2-raw/wiki.test.raw beside the project.
 // Both absent: the tests skip and say why.
 #include <gtest/gtest.h>
 
@@ -33,7 +33,7 @@ std::string model_path() {
          "/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 std::string wikitext_path() {
-  if (const char* p = std::getenv("KVPACK_WIKITEXT")) return p;
+  if (const char* p = std::getenv("KVPACK_WIKITEXT_PATH")) return p;
   return std::string(KVPACK_SOURCE_DIR) + "/../shared/data/wikitext-2-raw/wiki.test.raw";
 }
 
@@ -78,7 +78,7 @@ class RealModel : public ::testing::Test {
       ASSERT_GE(static_cast<int64_t>(ids.size()), kCtx * kWindows);
       ids.resize(size_t(kCtx * kWindows));
     } else {
-      g_text_skip = "WikiText-2 not found at " + tp + " (set KVPACK_WIKITEXT)";
+      g_text_skip = "WikiText-2 not found at " + tp + " (set KVPACK_WIKITEXT_PATH)";
     }
     g = std::make_unique<Shared>(Shared{std::move(model).value(), std::move(ids), 0});
   }
