@@ -17,11 +17,13 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -55,8 +57,14 @@ struct Options {
 class Progress {
  public:
   explicit Progress(int64_t total) : total_(std::max<int64_t>(total, 1)), tty_(isatty(2) != 0), start_(Clock::now()) {}
-  void label(std::string l) { label_ = std::move(l); }
-  void advance(int64_t tokens) {
+  void label(std::string l) {
+    std::lock_guard lock(mu_);
+    label_ = std::move(l);
+  }
+  /// Counts `tokens` more done (thread-safe); `label` replaces the current label when given.
+  void advance(int64_t tokens, const std::string* label = nullptr) {
+    std::lock_guard lock(mu_);
+    if (label) label_ = *label;
     done_ += tokens;
     const double t = seconds_since(start_), frac = std::min(1.0, double(done_) / double(total_));
     const int decile = static_cast<int>(frac * 10);
@@ -87,6 +95,7 @@ class Progress {
   double last_ = -1;
   int last_decile_ = -1;
   std::string label_;
+  std::mutex mu_;
 };
 
 /// One needle case's outcome for one policy.
@@ -278,7 +287,7 @@ class Evaluator {
   /// and whether greedy decoding reproduces them exactly (every answer token is the argmax).
   template <class Cache>
   kvpack::Result<NeedleResult> needle(const std::vector<int32_t>& prompt, const std::vector<int32_t>& answer,
-                                      Progress& prog) {
+                                      Progress& prog, const std::string& label) const {
     std::vector<int32_t> seq = prompt;
     seq.insert(seq.end(), answer.begin(), answer.end() - 1);
     auto cache = Cache::create(m_.cache_shape(static_cast<int64_t>(seq.size())));
@@ -300,7 +309,7 @@ class Evaluator {
           }
         },
         [&, done = int64_t{0}](int64_t e) mutable {
-          prog.advance(e - done);
+          prog.advance(e - done, &label);
           done = e;
         });
     if (!s) return s.error();
@@ -373,7 +382,6 @@ struct NeedleCase {
 std::vector<NeedleCase> make_needles(const kl::Tokenizer& tok, const std::vector<int32_t>& filler, const Options& opt,
                                      int64_t max_ctx) {
   std::vector<NeedleCase> out;
-  std::mt19937 rng(20240611);
   const auto intro = tok.encode(
       "There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
       "I will quiz you about the pass key.\n\n");
@@ -381,6 +389,7 @@ std::vector<NeedleCase> make_needles(const kl::Tokenizer& tok, const std::vector
   for (int64_t len : opt.needle_lengths) {
     if (len > max_ctx) continue;
     for (int depth : opt.needle_depths) {
+      std::mt19937 rng(static_cast<unsigned>(len * 1000 + depth));  // the key depends on the case only
       NeedleCase c{len, depth, {}, {}, std::to_string(10000 + rng() % 90000)};
       const auto needle = tok.encode("\n\nThe pass key is " + c.key + ". Remember it. " + c.key + " is the pass key.\n\n");
       c.answer = tok.encode(" " + c.key);
@@ -587,17 +596,32 @@ int run(int argc, char** argv) {
       });
       if (!s) return die(names[p] + ": " + s.error().message);
     }
-  for (const auto& c : needles)
-    for (size_t p = 0; p < names.size(); ++p) {
-      prog.label(names[p] + " needle " + std::to_string(c.length) + "@" + std::to_string(c.depth) + "%");
-      auto r = dispatch<kvpack::Result<NeedleResult>>(names[p], [&]<class Cache>() {
-        return ev.needle<Cache>(c.prompt, c.answer, prog);
-      });
-      if (!r) return die(names[p] + ": " + r.error().message);
-      r->length = c.length;
-      r->depth = c.depth;
-      stats[p].needle.push_back(*r);
+  // Needle cases are independent runs: one per thread (KVCache attention is single-threaded, so
+  // two runs side by side keep both cores busy), each run's matrix work on its own thread.
+  const auto jobs = static_cast<int64_t>(needles.size() * names.size());
+  std::vector<NeedleResult> nres(static_cast<size_t>(jobs));
+  std::vector<std::string> nerr(static_cast<size_t>(jobs));
+  omp_set_max_active_levels(1);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t j = 0; j < jobs; ++j) {
+    const NeedleCase& c = needles[size_t(j) / names.size()];
+    const std::string& name = names[size_t(j) % names.size()];
+    auto r = dispatch<kvpack::Result<NeedleResult>>(name, [&]<class Cache>() {
+      return ev.needle<Cache>(c.prompt, c.answer, prog, name + " needle " + std::to_string(c.length) + "@" +
+                                                            std::to_string(c.depth) + "%");
+    });
+    if (!r) {
+      nerr[size_t(j)] = name + ": " + r.error().message;
+      continue;
     }
+    nres[size_t(j)] = *r;
+    nres[size_t(j)].length = c.length;
+    nres[size_t(j)].depth = c.depth;
+  }
+  for (int64_t j = 0; j < jobs; ++j) {
+    if (!nerr[size_t(j)].empty()) return die(nerr[size_t(j)]);
+    stats[size_t(j) % names.size()].needle.push_back(nres[size_t(j)]);
+  }
   prog.finish();
   if (!opt.dump_kv.empty())
     if (auto s = dump.write(opt.dump_kv, windows[0].tokens, cfg, model_name); !s) return die(s.error().message);
