@@ -710,10 +710,10 @@ int run(int argc, char** argv) {
         d << s.name << " " << s.bits_per_value() << " " << std::max(s.kl_mean(), 1e-7) << " "
           << 100 * (s.ppl() / base.ppl() - 1) << "\n";
       std::ofstream g(gp);
-      g << "set terminal pngcairo size 1200,500 font ',10'\nset output '" << opt.plot << "'\n"
+      g << "set terminal pngcairo size 1200,500 font ',10' noenhanced\nset output '" << opt.plot << "'\n"
         << "set multiplot layout 1,2 title '" << model_name << ": KV-cache policies, chunk " << opt.chunk << "'\n"
         << "set xlabel 'bits per value (measured, metadata included)'\nset grid\n"
-        << "set logscale y\nset ylabel 'mean KL(fp32 || policy), nats/token'\n"
+        << "set logscale y\nset ylabel 'mean KL(fp32 || policy), nats/token (0 drawn at 1e-7)'\n"
         << "plot '" << dat << "' using 2:3 with points pt 7 notitle, '' using 2:3:1 with labels offset char 0,1 notitle\n"
         << "unset logscale y\nset ylabel 'perplexity change, %'\n"
         << "plot '" << dat << "' using 2:4 with points pt 7 notitle, '' using 2:4:1 with labels offset char 0,1 notitle\n"
