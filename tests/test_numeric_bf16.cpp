@@ -19,7 +19,8 @@ using kvpack::test::float_bits;
 
 const kvpack::test::Codec& bf16_codec() {
   static const kvpack::test::Codec c{
-      "bf16", kvpack::test::bf16_ref(),
+      "bf16",
+      kvpack::test::bf16_ref(),
       [](float x, Rounding r) -> std::uint32_t { return kvpack::bf16_from_float(x, r); },
       [](std::uint32_t code) { return kvpack::bf16_to_float(static_cast<std::uint16_t>(code)); },
       {Rounding::nearest_even, Rounding::toward_pos_inf, Rounding::toward_neg_inf}};
@@ -75,8 +76,8 @@ TEST(NumericBf16, FiniteSaturatesInfStaysInfNanStaysQuietNan) {
 
 TEST(NumericBf16, Fp32SubnormalsGiveBf16Subnormals) {
   EXPECT_EQ(kvpack::bf16_from_float(0x1p-133f), 0x0001);
-  EXPECT_EQ(kvpack::bf16_from_float(0x1p-134f), 0x0000);    // tie -> even 0
-  EXPECT_EQ(kvpack::bf16_from_float(0x1.8p-133f), 0x0002);  // tie 1.5 -> 2
+  EXPECT_EQ(kvpack::bf16_from_float(0x1p-134f), 0x0000);     // tie -> even 0
+  EXPECT_EQ(kvpack::bf16_from_float(0x1.8p-133f), 0x0002);   // tie 1.5 -> 2
   EXPECT_EQ(kvpack::bf16_from_float(-0x1.4p-132f), 0x8002);  // tie 2.5 -> 2
   const float tiny = std::numeric_limits<float>::denorm_min();
   EXPECT_EQ(kvpack::bf16_from_float(tiny), 0x0000);

@@ -19,7 +19,8 @@ using kvpack::test::float_bits;
 
 const kvpack::test::Codec& fp16_codec() {
   static const kvpack::test::Codec c{
-      "fp16", kvpack::test::fp16_ref(),
+      "fp16",
+      kvpack::test::fp16_ref(),
       [](float x, Rounding r) -> std::uint32_t { return kvpack::fp16_from_float(x, r); },
       [](std::uint32_t code) { return kvpack::fp16_to_float(static_cast<std::uint16_t>(code)); },
       {Rounding::nearest_even, Rounding::toward_pos_inf, Rounding::toward_neg_inf}};
@@ -83,13 +84,13 @@ TEST(NumericFp16, FiniteSaturatesInfStaysInfNanStaysQuietNan) {
 
 TEST(NumericFp16, SubnormalsAreProducedAndDecodedNotFlushed) {
   EXPECT_EQ(kvpack::fp16_from_float(0x1p-24f), 0x0001);
-  EXPECT_EQ(kvpack::fp16_from_float(0x1p-25f), 0x0000);                      // tie -> even 0
+  EXPECT_EQ(kvpack::fp16_from_float(0x1p-25f), 0x0000);                       // tie -> even 0
   EXPECT_EQ(kvpack::fp16_from_float(std::nextafter(0x1p-25f, 1.f)), 0x0001);  // above the tie
-  EXPECT_EQ(kvpack::fp16_from_float(0x1.8p-24f), 0x0002);                    // tie 1.5 -> 2
-  EXPECT_EQ(kvpack::fp16_from_float(0x1.4p-23f), 0x0002);                    // tie 2.5 -> 2
+  EXPECT_EQ(kvpack::fp16_from_float(0x1.8p-24f), 0x0002);                     // tie 1.5 -> 2
+  EXPECT_EQ(kvpack::fp16_from_float(0x1.4p-23f), 0x0002);                     // tie 2.5 -> 2
   EXPECT_EQ(kvpack::fp16_from_float(-0x1.8p-24f), 0x8002);
-  EXPECT_EQ(kvpack::fp16_from_float(0x1p-14f - 0x1p-24f), 0x03FF);          // largest subnormal
-  EXPECT_EQ(kvpack::fp16_from_float(0x1p-14f - 0x1p-25f), 0x0400);          // tie -> even normal
+  EXPECT_EQ(kvpack::fp16_from_float(0x1p-14f - 0x1p-24f), 0x03FF);  // largest subnormal
+  EXPECT_EQ(kvpack::fp16_from_float(0x1p-14f - 0x1p-25f), 0x0400);  // tie -> even normal
   EXPECT_EQ(kvpack::fp16_to_float(0x03FF), 0x1p-14f - 0x1p-24f);
   EXPECT_EQ(kvpack::fp16_to_float(0x8001), -0x1p-24f);
   // fp32 subnormals: zero under nearest, the smallest subnormal away from zero when directed.
@@ -121,7 +122,8 @@ TEST(NumericFp16, DirectedRoundingForScaleMetadata) {
   // (or equal when x is exact).
   std::uint64_t n = 0;
   for (std::uint32_t i = 0; i < 20000; ++i) {
-    const float x = std::ldexp(1.0f + static_cast<float>(i) / 20000.f, static_cast<int>(i % 40) - 24);
+    const float x =
+        std::ldexp(1.0f + static_cast<float>(i) / 20000.f, static_cast<int>(i % 40) - 24);
     const float up = kvpack::fp16_to_float(kvpack::fp16_from_float(x, Rounding::toward_pos_inf));
     const float dn = kvpack::fp16_to_float(kvpack::fp16_from_float(x, Rounding::toward_neg_inf));
     if (x > kvpack::kFp16Max) continue;
@@ -141,8 +143,9 @@ TEST(NumericFp16, SweepOverEveryFp32ExponentAndRandomInputs) {
 // 2^20 consecutive floats around: the smallest subnormal and half of it, the largest
 // subnormal / smallest normal, 1, and the top of the range (65504 .. 65520 and beyond).
 TEST(NumericFp16, ExhaustiveWindowsOfConsecutiveFloats) {
-  EXPECT_GE(kvpack::test::check_windows(fp16_codec(), {0x1p-25f, 0x1p-24f, 0x1p-14f, 1.0f, 65520.f}),
-            5u << 21);
+  EXPECT_GE(
+      kvpack::test::check_windows(fp16_codec(), {0x1p-25f, 0x1p-24f, 0x1p-14f, 1.0f, 65520.f}),
+      5u << 21);
 }
 
 }  // namespace

@@ -22,7 +22,8 @@ using kvpack::test::float_bits;
 
 const kvpack::test::Codec& e4m3_codec() {
   static const kvpack::test::Codec c{
-      "e4m3", kvpack::test::e4m3_ref(),
+      "e4m3",
+      kvpack::test::e4m3_ref(),
       [](float x, Rounding) -> std::uint32_t { return kvpack::e4m3_from_float(x); },
       [](std::uint32_t code) { return kvpack::e4m3_to_float(static_cast<std::uint8_t>(code)); },
       {Rounding::nearest_even}};
@@ -31,7 +32,8 @@ const kvpack::test::Codec& e4m3_codec() {
 
 const kvpack::test::Codec& e5m2_codec() {
   static const kvpack::test::Codec c{
-      "e5m2", kvpack::test::e5m2_ref(),
+      "e5m2",
+      kvpack::test::e5m2_ref(),
       [](float x, Rounding) -> std::uint32_t { return kvpack::e5m2_from_float(x); },
       [](std::uint32_t code) { return kvpack::e5m2_to_float(static_cast<std::uint8_t>(code)); },
       {Rounding::nearest_even}};
@@ -98,9 +100,9 @@ TEST(NumericE4M3, FiniteInputNeverEncodesToNan) {
 TEST(NumericE4M3, DecodeEveryCodeMatchesBitFieldTable) {
   kvpack::test::check_decode_all(e4m3_codec());
   // Spot values from the OCP spec's table.
-  EXPECT_EQ(kvpack::e4m3_to_float(0x01), 0x1p-9f);  // min subnormal
+  EXPECT_EQ(kvpack::e4m3_to_float(0x01), 0x1p-9f);    // min subnormal
   EXPECT_EQ(kvpack::e4m3_to_float(0x07), 0x1.Cp-7f);  // max subnormal 0.875 * 2^-6
-  EXPECT_EQ(kvpack::e4m3_to_float(0x08), 0x1p-6f);  // min normal
+  EXPECT_EQ(kvpack::e4m3_to_float(0x08), 0x1p-6f);    // min normal
   EXPECT_EQ(kvpack::e4m3_to_float(0x38), 1.0f);
   EXPECT_EQ(kvpack::e4m3_to_float(0x78), 256.f);  // exponent 1111 holds normals in E4M3FN
   EXPECT_EQ(kvpack::e4m3_to_float(0xFE), -448.f);
@@ -109,7 +111,8 @@ TEST(NumericE4M3, DecodeEveryCodeMatchesBitFieldTable) {
   EXPECT_TRUE(std::signbit(kvpack::e4m3_to_float(0xFF)));
   EXPECT_TRUE(std::signbit(kvpack::e4m3_to_float(0x80)));
   int nan_codes = 0;
-  for (int c = 0; c < 256; ++c) nan_codes += std::isnan(kvpack::e4m3_to_float(static_cast<std::uint8_t>(c)));
+  for (int c = 0; c < 256; ++c)
+    nan_codes += std::isnan(kvpack::e4m3_to_float(static_cast<std::uint8_t>(c)));
   EXPECT_EQ(nan_codes, 2);
 }
 
@@ -199,7 +202,8 @@ TEST(NumericE5M2, SweepOverEveryFp32ExponentAndRandomInputs) {
 }
 
 TEST(NumericE5M2, ExhaustiveWindowsOfConsecutiveFloats) {
-  EXPECT_GE(kvpack::test::check_windows(e5m2_codec(), {0x1p-17f, 0x1p-14f, 1.0f, 61440.f}), 4u << 21);
+  EXPECT_GE(kvpack::test::check_windows(e5m2_codec(), {0x1p-17f, 0x1p-14f, 1.0f, 61440.f}),
+            4u << 21);
 }
 
 // ---------------------------------------------------------------------------- per-group scale
@@ -228,7 +232,8 @@ double group_roundtrip_error(const std::vector<float>& x, float fmt_max, float m
 
 std::vector<std::vector<float>> scale_groups() {
   std::vector<std::vector<float>> groups;
-  for (std::size_t n : {std::size_t{1}, std::size_t{31}, std::size_t{32}, std::size_t{33}, std::size_t{95}}) {
+  for (std::size_t n :
+       {std::size_t{1}, std::size_t{31}, std::size_t{32}, std::size_t{33}, std::size_t{95}}) {
     std::vector<float> g(n);
     for (std::size_t i = 0; i < n; ++i) {  // amax exactly 1e5, magnitudes down to 1e5 * 2^-8
       const double mag = 1e5 * std::exp2(-8.0 * static_cast<double>(i) / static_cast<double>(n));
@@ -238,7 +243,8 @@ std::vector<std::vector<float>> scale_groups() {
   }
   std::vector<float> c1(32);  // CASES C1's outlier group: -125000, then -1 .. 4
   c1[0] = -125000.f;
-  for (int i = 1; i < 32; ++i) c1[static_cast<std::size_t>(i)] = -1.f + 5.f * static_cast<float>(i - 1) / 30.f;
+  for (int i = 1; i < 32; ++i)
+    c1[static_cast<std::size_t>(i)] = -1.f + 5.f * static_cast<float>(i - 1) / 30.f;
   groups.push_back(c1);
   return groups;
 }

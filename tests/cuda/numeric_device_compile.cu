@@ -14,7 +14,8 @@ static_assert(kvpack::bf16_from_float(1.0f) == 0x3F80 && kvpack::fp16_to_float(0
 
 // codes: [n] fp16 RNE / up / down, bf16 RNE / up / down, E4M3, E5M2 of in[i];
 // back:  [n] sum of the four decodes of those codes.
-__global__ void numeric_device_roundtrip(const float* in, std::uint16_t* codes, float* back, int n) {
+__global__ void numeric_device_roundtrip(const float* in, std::uint16_t* codes, float* back,
+                                         int n) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (i >= n) return;
   const float x = in[i];

@@ -84,27 +84,45 @@ struct Pair {
 
 const std::vector<Pair>& pairs() {
   static const std::vector<Pair> p = {
-      {"fp16", 1u << 16, 0x8000u, 0x7BFFu, 0x7C00u,
+      {"fp16",
+       1u << 16,
+       0x8000u,
+       0x7BFFu,
+       0x7C00u,
        {Rounding::nearest_even, Rounding::toward_pos_inf, Rounding::toward_neg_inf},
        [](float x, Rounding r) -> std::uint32_t { return kvpack::fp16_from_float(x, r); },
        [](float x, Rounding r) -> std::uint32_t { return cuda_fp16(x, r); },
        [](std::uint32_t c) { return kvpack::fp16_to_float(static_cast<std::uint16_t>(c)); },
        [](std::uint32_t c) { return cuda_fp16_decode(static_cast<std::uint16_t>(c)); },
        [](std::uint32_t c) { return (c & 0x7C00u) == 0x7C00u && (c & 0x03FFu) != 0u; }},
-      {"bf16", 1u << 16, 0x8000u, 0x7F7Fu, 0x7F80u,
+      {"bf16",
+       1u << 16,
+       0x8000u,
+       0x7F7Fu,
+       0x7F80u,
        {Rounding::nearest_even, Rounding::toward_pos_inf, Rounding::toward_neg_inf},
        [](float x, Rounding r) -> std::uint32_t { return kvpack::bf16_from_float(x, r); },
        [](float x, Rounding r) -> std::uint32_t { return cuda_bf16(x, r); },
        [](std::uint32_t c) { return kvpack::bf16_to_float(static_cast<std::uint16_t>(c)); },
        [](std::uint32_t c) { return cuda_bf16_decode(static_cast<std::uint16_t>(c)); },
        [](std::uint32_t c) { return (c & 0x7F80u) == 0x7F80u && (c & 0x007Fu) != 0u; }},
-      {"e4m3", 256u, 0x80u, 0x7Eu, 0u, {Rounding::nearest_even},
+      {"e4m3",
+       256u,
+       0x80u,
+       0x7Eu,
+       0u,
+       {Rounding::nearest_even},
        [](float x, Rounding) -> std::uint32_t { return kvpack::e4m3_from_float(x); },
        [](float x, Rounding) -> std::uint32_t { return cuda_fp8(x, __NV_E4M3); },
        [](std::uint32_t c) { return kvpack::e4m3_to_float(static_cast<std::uint8_t>(c)); },
        [](std::uint32_t c) { return cuda_fp8_decode(static_cast<std::uint8_t>(c), __NV_E4M3); },
        [](std::uint32_t c) { return (c & 0x7Fu) == 0x7Fu; }},
-      {"e5m2", 256u, 0x80u, 0x7Bu, 0u, {Rounding::nearest_even},
+      {"e5m2",
+       256u,
+       0x80u,
+       0x7Bu,
+       0u,
+       {Rounding::nearest_even},
        [](float x, Rounding) -> std::uint32_t { return kvpack::e5m2_from_float(x); },
        [](float x, Rounding) -> std::uint32_t { return cuda_fp8(x, __NV_E5M2); },
        [](std::uint32_t c) { return kvpack::e5m2_to_float(static_cast<std::uint8_t>(c)); },
@@ -129,7 +147,8 @@ const std::vector<float>& inputs() {
         v.push_back(std::nextafter(x, 0.f));
         v.push_back(std::nextafter(x, 1e38f));
         if (prev >= 0.f) {
-          const auto mid = static_cast<float>(0.5 * (static_cast<double>(prev) + static_cast<double>(x)));
+          const auto mid =
+              static_cast<float>(0.5 * (static_cast<double>(prev) + static_cast<double>(x)));
           v.insert(v.end(), {mid, std::nextafter(mid, 0.f), std::nextafter(mid, 1e38f)});
         }
         prev = x;
@@ -143,15 +162,17 @@ const std::vector<float>& inputs() {
       }
     }
     std::mt19937 rng(20240611u);
-    for (int i = 0; i < (1 << 19); ++i) v.push_back(bits_float(static_cast<std::uint32_t>(rng()) & 0x7fffffffu));
-    for (float centre : {0x1p-25f, 0x1p-14f, 1.0f, 65520.f, 0x1p-133f, 0x1p-126f, 0x1.FF8p127f, 0x1p-10f,
-                         0x1p-6f, 17.f, 464.f, 0x1p-17f, 61440.f}) {
+    for (int i = 0; i < (1 << 19); ++i)
+      v.push_back(bits_float(static_cast<std::uint32_t>(rng()) & 0x7fffffffu));
+    for (float centre : {0x1p-25f, 0x1p-14f, 1.0f, 65520.f, 0x1p-133f, 0x1p-126f, 0x1.FF8p127f,
+                         0x1p-10f, 0x1p-6f, 17.f, 464.f, 0x1p-17f, 61440.f}) {
       const std::uint32_t u = float_bits(centre);
       for (std::uint32_t d = 0; d < (1u << 16); ++d) v.push_back(bits_float(u - (1u << 15) + d));
     }
     v.push_back(std::numeric_limits<float>::max());
     v.push_back(std::numeric_limits<float>::infinity());
-    for (std::uint32_t nan : {0x7fc00000u, 0x7f800001u, 0x7fffffffu, 0x7fa01234u}) v.push_back(bits_float(nan));
+    for (std::uint32_t nan : {0x7fc00000u, 0x7f800001u, 0x7fffffffu, 0x7fa01234u})
+      v.push_back(bits_float(nan));
     return v;
   }();
   return xs;
@@ -163,7 +184,8 @@ TEST(NumericCudaCrosscheck, DecodeOfEveryCodeIsBitIdentical) {
     for (std::uint32_t c = 0; c < p.codes; ++c) {
       m.checked();
       const float ours = p.ours_decode(c), cuda = p.cuda_decode(c);
-      const bool ok = p.is_nan_code(c) ? std::isnan(ours) && std::isnan(cuda) && std::signbit(ours) == ((c & p.sign_bit) != 0)
+      const bool ok = p.is_nan_code(c) ? std::isnan(ours) && std::isnan(cuda) &&
+                                             std::signbit(ours) == ((c & p.sign_bit) != 0)
                                        : float_bits(ours) == float_bits(cuda);
       if (!ok) m.fail(std::string("code ") + std::to_string(c));
     }

@@ -32,14 +32,19 @@ struct Codec {
 
 [[nodiscard]] inline const char* mode_name(Rounding r) {
   switch (r) {
-    case Rounding::nearest_even: return "nearest_even";
-    case Rounding::toward_pos_inf: return "toward_pos_inf";
-    case Rounding::toward_neg_inf: return "toward_neg_inf";
+    case Rounding::nearest_even:
+      return "nearest_even";
+    case Rounding::toward_pos_inf:
+      return "toward_pos_inf";
+    case Rounding::toward_neg_inf:
+      return "toward_neg_inf";
   }
   return "?";
 }
 
-[[nodiscard]] inline std::uint32_t float_bits(float x) { return detail::bit_cast<std::uint32_t>(x); }
+[[nodiscard]] inline std::uint32_t float_bits(float x) {
+  return detail::bit_cast<std::uint32_t>(x);
+}
 [[nodiscard]] inline float bits_float(std::uint32_t u) { return detail::bit_cast<float>(u); }
 
 /// Counts mismatches, keeps the first few messages, and asserts zero at the end.
@@ -171,7 +176,8 @@ inline void check_specials(const Codec& c) {
   const double max = c.ref.max_value();
   const double ulp_top = max - c.ref.value(c.ref.max_code() - 1u);
   std::vector<float> big = {static_cast<float>(max), std::nextafter(static_cast<float>(max), 1e38f),
-                            std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity()};
+                            std::numeric_limits<float>::max(),
+                            std::numeric_limits<float>::infinity()};
   // The would-be tie with the next (non-existent) code, just below and just above it.
   if (max + ulp_top / 2 < 3e38) {
     const auto tie = static_cast<float>(max + ulp_top / 2);
@@ -186,7 +192,8 @@ inline void check_specials(const Codec& c) {
         if (std::isfinite(sx)) {
           m.checked();
           const float back = c.decode(c.encode(sx, r));
-          if (!std::isfinite(back)) m.fail(describe(c.name, sx, r, c.encode(sx, r), 0) + " not finite");
+          if (!std::isfinite(back))
+            m.fail(describe(c.name, sx, r, c.encode(sx, r), 0) + " not finite");
         }
       }
     }
@@ -230,10 +237,12 @@ inline std::uint64_t check_sweep(const Codec& c, std::uint32_t random, std::uint
   return xs.size() * 2;
 }
 
-/// Every finite positive fp32 bit pattern in [first, last] (inclusive, last <= 0x7f7fffff), and its negation, in every
-/// mode: exhaustive comparison with the reference over a window of consecutive floats,
-/// walking the reference table once (no search). Returns the number of inputs.
-inline std::uint64_t check_window_exhaustive(const Codec& c, std::uint32_t first, std::uint32_t last) {
+/// Every finite positive fp32 bit pattern in [first, last] (inclusive, last <= 0x7f7fffff),
+/// and its negation, in every mode: exhaustive comparison with the reference over a window
+/// of consecutive floats, walking the reference table once (no search). Returns the number
+/// of inputs.
+inline std::uint64_t check_window_exhaustive(const Codec& c, std::uint32_t first,
+                                             std::uint32_t last) {
   Mismatches m(std::string(c.name) + " exhaustive window");
   std::uint32_t lo = 0;  // value(lo) <= x < value(lo + 1) while x < max
   for (std::uint64_t u = first; u <= last; ++u) {

@@ -24,7 +24,10 @@ class MiniRef {
   /// fn: E4M3FN-style (no Inf, only the all-ones magnitude is NaN); otherwise IEEE-style.
   /// inf_saturates: an Inf input encodes to +-max instead of +-Inf.
   MiniRef(int exp_bits, int man_bits, int bias, bool fn, bool inf_saturates)
-      : exp_bits_(exp_bits), man_bits_(man_bits), bias_(bias), fn_(fn),
+      : exp_bits_(exp_bits),
+        man_bits_(man_bits),
+        bias_(bias),
+        fn_(fn),
         inf_saturates_(inf_saturates) {
     mag_bits_ = exp_bits + man_bits;
     sign_bit_ = 1u << mag_bits_;
