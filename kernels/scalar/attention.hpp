@@ -64,6 +64,7 @@ struct AttendArgs {
 /// Reusable working memory of the kernel (grown on demand, never shrunk: no steady-state allocation).
 struct Scratch {
   std::vector<float> m, l, acc, scores, k_tile, v_tile;
+  std::vector<GroupParams> channel_params;  // per-channel key metadata of one token group
   void ensure(int n_states, int head_dim, int tile) {
     const auto ns = static_cast<std::size_t>(n_states);
     const auto D = static_cast<std::size_t>(head_dim);
@@ -72,6 +73,7 @@ struct Scratch {
     if (acc.size() < ns * D) acc.resize(ns * D);
     if (scores.size() < T) scores.resize(T);
     if (k_tile.size() < T * D) k_tile.resize(T * D), v_tile.resize(T * D);
+    if (channel_params.size() < D) channel_params.resize(D);
   }
 };
 
@@ -117,17 +119,23 @@ inline void accumulate_tile(const AttendArgs& a, const float* kt, const float* v
 template <KvCodec KC, KvCodec VC, bool KPerChannel>
 void dequantize_block(const BlockLayout& L, const BlockRef& b, Scratch& s) {
   const int D = L.head_dim;
+  const auto Dz = static_cast<std::size_t>(D);
   for (int t = 0; t < b.count; ++t) {
     const auto tt = static_cast<std::size_t>(t);
-    float* kr = s.k_tile.data() + tt * static_cast<std::size_t>(D);
+    float* kr = s.k_tile.data() + tt * Dz;
     if constexpr (KPerChannel) {
-      const std::size_t g = tt / static_cast<std::size_t>(L.k_group);
-      decode_row_channels<KC>(b.data + L.k_codes + tt * L.k_row, b.data + L.k_meta + g * L.k_meta_group, D, kr);
+      // Decode the token group's per-channel scales once, then every row of the group.
+      if (t % L.k_group == 0) {
+        const std::byte* meta = b.data + L.k_meta + (tt / static_cast<std::size_t>(L.k_group)) * L.k_meta_group;
+        for (std::size_t c = 0; c < Dz; ++c) s.channel_params[c] = KC::load_params(meta + c * KC::meta_bytes_per_group);
+      }
+      const std::byte* row = b.data + L.k_codes + tt * L.k_row;
+      for (std::size_t c = 0; c < Dz; ++c) kr[c] = KC::decode_value(KC::load_code(row, c), s.channel_params[c]);
     } else {
       decode_row<KC>(b.data + L.k_codes + tt * L.k_row, b.data + L.k_meta + tt * L.k_meta_token, D, kr);
     }
     decode_row<VC>(b.data + L.v_codes + tt * L.v_row, b.data + L.v_meta + tt * L.v_meta_token, D,
-                   s.v_tile.data() + tt * static_cast<std::size_t>(D));
+                   s.v_tile.data() + tt * Dz);
   }
 }
 
