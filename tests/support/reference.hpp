@@ -78,3 +78,40 @@ inline std::vector<int32_t> iota_positions(int64_t first, int64_t n) {
 }
 
 }  // namespace kvtest
+
+namespace kvtest {
+
+/// Float64 attention over an explicit key set: K, V [n][D] with cache indices idx[n] (one KV
+/// head), queries Q [n_q][group][D] at cache indices q_first + i; a key is visible when its index
+/// is <= the query's. Returns [n_q][group][D].
+inline std::vector<double> attention_ref64_indexed(const std::vector<float>& K, const std::vector<float>& V,
+                                                   const std::vector<int64_t>& idx, const float* Q, int n_q, int group,
+                                                   int64_t q_stride, int D, double scale, int64_t q_first) {
+  std::vector<double> out(static_cast<size_t>(n_q) * group * D, 0.0);
+  for (int i = 0; i < n_q; ++i)
+    for (int j = 0; j < group; ++j) {
+      const float* q = Q + i * q_stride + j * D;
+      std::vector<double> s;
+      std::vector<size_t> rows;
+      for (size_t r = 0; r < idx.size(); ++r) {
+        if (idx[r] > q_first + i) continue;
+        double dot = 0;
+        for (int d = 0; d < D; ++d) dot += static_cast<double>(q[d]) * K[r * D + d];
+        s.push_back(dot * scale);
+        rows.push_back(r);
+      }
+      if (s.empty()) continue;
+      const double mx = *std::max_element(s.begin(), s.end());
+      double l = 0;
+      double* o = out.data() + (static_cast<size_t>(i) * group + j) * D;
+      for (size_t r = 0; r < s.size(); ++r) {
+        const double p = std::exp(s[r] - mx);
+        l += p;
+        for (int d = 0; d < D; ++d) o[d] += p * V[rows[r] * D + d];
+      }
+      for (int d = 0; d < D; ++d) o[d] /= l;
+    }
+  return out;
+}
+
+}  // namespace kvtest
