@@ -579,7 +579,7 @@ class KVCache {
         if constexpr (evicts) {
           slot = take_slot(H);
           const auto su = static_cast<std::size_t>(slot);
-          H.valid[su / block_tokens * words_per_block + (su % block_tokens) / 64] |= std::uint64_t{1} << (su % 64);
+          H.valid[su / block_tokens * words_per_block + (su % block_tokens) / 64] |= std::uint64_t{1} << ((su % block_tokens) % 64);
           H.slot_token[su] = static_cast<std::int32_t>(first_index + t0);
           H.slot_score[su] = H.pend_score[static_cast<std::size_t>(t0)];
           if (first_index + t0 >= EvictP::sink_tokens) H.fifo.push_back(static_cast<std::int32_t>(slot));
@@ -645,7 +645,7 @@ class KVCache {
 
   void evict_slot(Head& H, std::int64_t slot) {
     const auto su = static_cast<std::size_t>(slot);
-    H.valid[su / block_tokens * words_per_block + (su % block_tokens) / 64] &= ~(std::uint64_t{1} << (su % 64));
+    H.valid[su / block_tokens * words_per_block + (su % block_tokens) / 64] &= ~(std::uint64_t{1} << ((su % block_tokens) % 64));
     std::byte* d = H.blocks[su / block_tokens].data.get();
     const std::size_t off = su % block_tokens;
     detail::secure_zero(d + layout_.k_codes + off * layout_.k_row, layout_.k_row);
@@ -784,7 +784,7 @@ class KVCache {
       std::memcpy(dst + BL.positions + dst_off * 4, src + BL.positions + src_off * 4, 4);
       db.header.count = static_cast<std::uint16_t>(dst_off + 1);
       const auto su = static_cast<std::size_t>(ns);
-      fresh.valid[su / block_tokens * words_per_block + (su % block_tokens) / 64] |= std::uint64_t{1} << (su % 64);
+      fresh.valid[su / block_tokens * words_per_block + (su % block_tokens) / 64] |= std::uint64_t{1} << ((su % block_tokens) % 64);
       fresh.slot_token[su] = tok;
       fresh.slot_score[su] = H.slot_score[static_cast<std::size_t>(slot)];
       if (tok >= EvictP::sink_tokens) fresh.fifo.push_back(static_cast<std::int32_t>(ns));
