@@ -100,7 +100,7 @@ class KVCache {
   static constexpr double key_bits_per_value = key_codec::bits_per_value;
   static constexpr double value_bits_per_value = value_codec::bits_per_value;
 
-  using eviction = EvictP;
+  using eviction_policy = EvictP;
   static constexpr bool evicts = EvictP::evicts;
   static constexpr bool is_h2o = detail::is_h2o_v<EvictP>;
   static constexpr bool is_snapkv = detail::is_snapkv_v<EvictP>;
@@ -751,7 +751,7 @@ class KVCache {
         std::sort(cand.begin(), cand.end());
         std::vector<float> raw(cand.size());
         for (std::size_t i = 0; i < cand.size(); ++i) raw[i] = H.slot_score[static_cast<std::size_t>(cand[i].second)];
-        const auto keep = eviction::snapkv_select(raw, EvictP::kernel, EvictP::budget - EvictP::window);
+        const auto keep = ::kvpack::eviction::snapkv_select(raw, EvictP::kernel, EvictP::budget - EvictP::window);
         std::vector<char> kept(cand.size(), 0);
         for (std::int64_t i : keep) kept[static_cast<std::size_t>(i)] = 1;
         for (std::size_t i = 0; i < cand.size(); ++i)
