@@ -15,8 +15,8 @@ int main(int argc, char** argv) {
   for (int t : kvpack_bench::thread_counts()) {
     const auto& p = kvpack_bench::read_bandwidth(t);
     benchmark::AddCustomContext("probe_gbps_threads_" + std::to_string(t), std::to_string(p.gbps));
-    benchmark::AddCustomContext("probe_buffer_bytes", std::to_string(p.buffer_bytes));
   }
+  benchmark::AddCustomContext("probe_buffer_bytes", std::to_string(kvpack_bench::read_bandwidth(1).buffer_bytes));
   benchmark::AddCustomContext("kvpack_bench_build_flags", KVPACK_BENCH_BUILD_FLAGS);
   kvpack_bench::register_memory_benchmarks();
   kvpack_bench::register_append_benchmarks();

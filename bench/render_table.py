@@ -38,6 +38,10 @@ def load(path):
                  threads=int(b.get("threads", 1)))
         r["us"] = b["real_time"] * TO_US[b.get("time_unit", "ns")] if "real_time" in b else None
         r["error"] = b.get("error_message") if b.get("error_occurred") else None
+        # Share of a core each benchmark thread got: Google Benchmark sums CPU time over threads
+        # and averages wall time; well below 1 means the machine was busy with other work.
+        if "cpu_time" in b and b.get("real_time"):
+            r["cpu_share"] = b["cpu_time"] / (b["real_time"] * r["threads"])
         rows.append(r)
     return data.get("context", {}), rows
 
@@ -116,7 +120,12 @@ def render(context, rows):
     md.append("Every case is ONE layer. Time = wall time per token per layer (with T threads, T layers run "
               "concurrently, one per thread, and the time is wall / tokens of all threads). "
               "roofline = (bytes of KV read per token / time) / probe bandwidth; "
-              "× fp16 = plain fp16 baseline time / case time (> 1 is faster).")
+              "× fp16 = plain fp16 baseline time / case time (> 1 is faster); "
+              "CPU share = CPU time / wall time per benchmark thread (well below 100 % = the machine was busy).")
+    shares = sorted(r["cpu_share"] for r in rows if "cpu_share" in r and r["kind"] in ("decode", "prefill"))
+    if shares:
+        md.append(f"CPU share over all attention cases: median {100 * shares[len(shares) // 2]:.0f} %, "
+                  f"min {100 * shares[0]:.0f} %.")
 
     def bytes_per_token(shape, config):
         m = None
@@ -134,7 +143,7 @@ def render(context, rows):
             top = ctxs[-1]
             header = ["config", "K/V bits/value", "KV bytes/token/layer"]
             for t in threads:
-                header += [f"{t}T time/token", f"{t}T roofline", f"{t}T × fp16"]
+                header += [f"{t}T time/token", f"{t}T roofline", f"{t}T × fp16", f"{t}T CPU share"]
             body = []
             for cfg in list(BASELINES) + configs:
                 backend = "baseline" if cfg in BASELINES else be
@@ -148,10 +157,11 @@ def render(context, rows):
                     r = ix.get("decode", cfg, backend, shape, top, t)
                     base = ix.get("decode", "plain-fp16", "baseline", shape, top, t)
                     if r is None or r["error"]:
-                        row += ["error: " + (r["error"] if r else "missing"), "", ""]
+                        row += ["error: " + (r["error"] if r else "missing"), "", "", ""]
                         continue
                     row += [fmt_time(r["us"]), fmt_pct(r.get("roofline")),
-                            fmt_ratio(base["us"] / r["us"] if base and base["us"] else None)]
+                            fmt_ratio(base["us"] / r["us"] if base and base["us"] else None),
+                            f"{100 * r['cpu_share']:.0f} %" if "cpu_share" in r else "-"]
                 body.append(row)
             md.append(f"\n### Decode attention, {top // 1024}k context, {SHAPE_LABEL.get(shape, shape)}, backend {be}\n")
             md.append(table(header, body))
@@ -248,9 +258,10 @@ def plot(rows, png):
     if not shapes:
         return False
     tmp = tempfile.mkdtemp(prefix="kvpack-plot-")
-    script = ["set terminal pngcairo size 1400,560 font ',10'", f"set output '{png}'",
+    script = ["set terminal pngcairo size 1400,560 font ',10' noenhanced", f"set output '{png}'",
               f"set multiplot layout 1,{len(shapes)} title 'kvpack decode attention, one layer, 1 thread'",
-              "set logscale xy", "set xlabel 'context length (tokens)'", "set ylabel 'time per token per layer (µs)'",
+              "set logscale xy", "set xlabel 'context length (tokens)'", "set ylabel 'time per token per layer (ms)'",
+              "set format y '%g'",
               "set key top left font ',8'", "set grid"]
     for shape in shapes:
         series = ordered((r["config"], r["backend"]) for r in decode if r["shape"] == shape)
@@ -263,12 +274,13 @@ def plot(rows, png):
                     r = next((x for x in decode if x["shape"] == shape and x["config"] == cfg and x["backend"] == be
                               and x["n"] == c), None)
                     if r:
-                        f.write(f"{c} {r['us']}\n")
+                        f.write(f"{c} {r['us'] / 1e3}\n")
             label = cfg if be == "baseline" else f"{cfg} ({be})"
             style = "dashtype 2 lw 2" if be == "baseline" else "lw 1.5"
             plots.append(f"'{path}' using 1:2 with linespoints {style} title '{label}'")
         script.append(f"set title '{SHAPE_LABEL.get(shape, shape)}'")
         script.append(f"set xtics ({', '.join(str(c) for c in ctxs)})")
+        script.append(f"set xrange [{ctxs[0] / 1.4}:{ctxs[-1] * 1.4}]")
         script.append("plot " + ", ".join(plots))
     script.append("unset multiplot")
     gp = os.path.join(tmp, "plot.gp")
