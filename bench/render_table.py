@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Render kvpack_bench's Google Benchmark JSON as compact Markdown tables and a gnuplot PNG.
 
-Usage: render_table.py RESULTS.json [--md OUT.md] [--png OUT.png]
+Usage: render_table.py RESULTS.json [--md OUT.md] [--png OUT.png] [--clock wall|cpu]
 
 Reads the case names written by bench/bench_*.cpp (<kind>/<config>/<backend>/<shape>/<n>[/...])
 and the counters described there. Ratios are formed side by side from the same run:
   roofline  achieved GB/s of compressed KV read / same-process probe GB/s (same thread count)
   x fp16    time of the plain fp16 baseline / time of the case (> 1: faster than the baseline)
+--clock cpu replaces wall time by CPU time per benchmark thread (and rescales the rate counters
+likewise): an estimate of the idle-machine figures when other work shared the cores (the probe is
+still the wall-clock one). Default: wall, the figures as measured.
 Standard library only.
 """
 import argparse
@@ -23,7 +26,7 @@ SHAPE_LABEL = {"smollm2-135m": "SmolLM2-135M (9 q / 3 kv heads, head_dim 64)",
 BASELINES = ("plain-fp32", "plain-fp16")
 
 
-def load(path):
+def load(path, clock="wall"):
     with open(path) as f:
         data = json.load(f)
     rows = []
@@ -42,6 +45,11 @@ def load(path):
         # and averages wall time; well below 1 means the machine was busy with other work.
         if "cpu_time" in b and b.get("real_time"):
             r["cpu_share"] = b["cpu_time"] / (b["real_time"] * r["threads"])
+            if clock == "cpu" and r["cpu_share"] > 0:
+                r["us"] *= r["cpu_share"]
+                for k in ("roofline", "GB/s", "tok/s"):
+                    if k in r:
+                        r[k] /= r["cpu_share"]
         rows.append(r)
     return data.get("context", {}), rows
 
@@ -99,7 +107,7 @@ class Index:
         return self.by.get((kind, config, backend, shape, n, threads))
 
 
-def render(context, rows):
+def render(context, rows, clock="wall"):
     ix = Index(rows)
     md = []
     threads = sorted(ordered(r["threads"] for r in rows))
@@ -117,8 +125,12 @@ def render(context, rows):
               f"{', '.join(f'{x:.2f}' for x in context.get('load_avg', []))}.")
     md.append(f"Build: {context.get('kvpack_bench_build_flags', '?')}. Run: {context.get('date', '?')}.")
     md.append(f"Bandwidth probe (streaming read, {int(context.get('probe_buffer_bytes', 0)) >> 20} MiB, same process): {probes}.")
-    md.append("Every case is ONE layer. Time = wall time per token per layer (with T threads, T layers run "
-              "concurrently, one per thread, and the time is wall / tokens of all threads). "
+    if clock == "cpu":
+        md.append("**Clock: CPU time per benchmark thread** (render_table.py --clock cpu): an idle-machine "
+                  "estimate; the measured wall-clock figures are the default rendering.")
+    what = "wall" if clock == "wall" else "CPU-per-thread"
+    md.append(f"Every case is ONE layer. Time = {what} time per token per layer (with T threads, T layers run "
+              f"concurrently, one per thread, and the time is {what} time / tokens of all threads). "
               "roofline = (bytes of KV read per token / time) / probe bandwidth; "
               "× fp16 = plain fp16 baseline time / case time (> 1 is faster); "
               "CPU share = CPU time / wall time per benchmark thread (well below 100 % = the machine was busy).")
@@ -211,24 +223,24 @@ def render(context, rows):
             md.append(f"\n### Prefill: 512-query chunk over {n // 1024}k tokens, {shape}, backend {be}\n")
             md.append(table(header, body))
 
-    # Append.
+    # Append: one table per shape.
     append = [r for r in rows if r["kind"] == "append"]
     for be in backends:
-        cols = ordered((r["shape"], r["n"]) for r in append)
-        if not cols:
-            continue
-        header = ["config"] + [f"{s} n={n} {t}T: tok/s · GB/s in" for s, n in cols for t in threads]
-        body = []
-        for cfg in configs:
-            row = [cfg]
-            for s, n in cols:
-                for t in threads:
-                    r = ix.get("append", cfg, be, s, n, t)
-                    row.append("-" if r is None else "error" if r["error"] else
-                               f"{fmt_rate(r.get('tok/s'))} · {r.get('GB/s', 0):.2f}")
-            body.append(row)
-        md.append(f"\n### Append (quantize + store) throughput, n tokens per call, GB/s of fp32 K+V input, backend {be}\n")
-        md.append(table(header, body))
+        for shape in ordered(r["shape"] for r in append):
+            ns = sorted(ordered(r["n"] for r in append if r["shape"] == shape))
+            header = ["config"] + [f"n={n} {t}T: tok/s · GB/s" for n in ns for t in threads]
+            body = []
+            for cfg in configs:
+                row = [cfg]
+                for n in ns:
+                    for t in threads:
+                        r = ix.get("append", cfg, be, shape, n, t)
+                        row.append("-" if r is None else "error" if r["error"] else
+                                   f"{fmt_rate(r.get('tok/s'))} · {r.get('GB/s', 0):.2f}")
+                body.append(row)
+            md.append(f"\n### Append (quantize + store), {shape}, n tokens per call; GB/s of fp32 K+V input; "
+                      f"backend {be}\n")
+            md.append(table(header, body))
 
     # Memory.
     mem = [r for r in rows if r["kind"] == "memory"]
@@ -299,9 +311,11 @@ def main():
     ap.add_argument("json")
     ap.add_argument("--md", help="also write the Markdown here")
     ap.add_argument("--png", help="write the time-per-token plot here (gnuplot)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall (as measured, default) or cpu (CPU time per thread: idle-machine estimate)")
     a = ap.parse_args()
-    context, rows = load(a.json)
-    md = render(context, rows)
+    context, rows = load(a.json, a.clock)
+    md = render(context, rows, a.clock)
     sys.stdout.write(md)
     if a.md:
         with open(a.md, "w") as f:
