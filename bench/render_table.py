@@ -29,11 +29,18 @@ BASELINES = ("plain-fp32", "plain-fp16")
 def load(path, clock="wall"):
     with open(path) as f:
         data = json.load(f)
-    rows = []
+    # With --benchmark_repetitions=N, use the median aggregate of each case.
+    picked = {}
     for b in data.get("benchmarks", []):
+        key = b.get("run_name", b["name"])
         if b.get("run_type") == "aggregate":
-            continue
-        parts = b["name"].split("/")
+            if b.get("aggregate_name") == "median":
+                picked[key] = b
+        elif key not in picked or picked[key].get("run_type") != "aggregate":
+            picked[key] = b
+    rows = []
+    for key, b in picked.items():
+        parts = key.split("/")
         if len(parts) < 5:
             continue
         r = dict(b)
