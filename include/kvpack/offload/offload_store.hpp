@@ -85,6 +85,7 @@ struct StoreConfig {
   std::optional<FileTier> file;                  ///< file tier, tried after the host tier
   std::optional<Aead> aead;                      ///< default: best_available_aead(); not none
   EvictionOrder order = EvictionOrder::oldest_block_first;
+  int32_t layers = 0;                            ///< model layers; > 0 makes prefetch windows wrap
   bool background = true;                        ///< a worker thread does write-behind and prefetch
   std::size_t queue_capacity = 64;               ///< bounded job queue of the worker
 };
@@ -317,9 +318,13 @@ class OffloadStore {
     return BlockHandle(e.hot, key, e.version);
   }
 
-  /// Hint: fetch every offloaded block of `layers` in the background (no-op without a
-  /// worker) and protect those layers from eviction until the next prefetch() call. Returns
-  /// whether the request was queued.
+  /// Hint: fetch every offloaded block of `layers` in the background (no I/O without a
+  /// worker), nearest layer first, and protect those layers from eviction until the next
+  /// prefetch() call. The decode loop calls prefetch({l, l + N}) when it starts layer l: layer
+  /// l stays protected until its blocks are acquired (pinned) and layers l+1..l+N are
+  /// fetched meanwhile. With StoreConfig::layers = L > 0 the window wraps: {L-1, L} covers
+  /// layers L-1 and 0. An empty range clears the protection. Returns whether a fetch was
+  /// queued (false when the queue is full: the request is dropped and counted).
   bool prefetch(LayerRange layers) {
     {
       std::lock_guard lock(mu_);
@@ -573,11 +578,20 @@ class OffloadStore {
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
   }
 
+  // Distance of `layer` from the start of `w` (0 = first layer of the window), or -1 when it
+  // is outside; windows wrap modulo cfg_.layers when that is set.
+  int64_t window_distance(const LayerRange& w, int32_t layer) const {
+    if (w.empty()) return -1;
+    int64_t d = static_cast<int64_t>(layer) - w.first;
+    if (cfg_.layers > 0) d = ((d % cfg_.layers) + cfg_.layers) % cfg_.layers;
+    return (d >= 0 && d <= static_cast<int64_t>(w.last) - w.first) ? d : -1;
+  }
+
   // The evictable resident block first in order, or null.
   const BlockKey* pick_victim_locked() const {
     for (const auto& k : order_) {
       const BlockKey& key = std::get<2>(k);
-      if (pinned_layers_.count(key.layer) || protect_.contains(key.layer)) continue;
+      if (pinned_layers_.count(key.layer) || window_distance(protect_, key.layer) >= 0) continue;
       const Entry& e = map_.find(key)->second;
       if (e.busy || e.hot.use_count() != 1) continue;  // moving, or shown by a BlockHandle
       return &key;
@@ -716,14 +730,16 @@ class OffloadStore {
       if (auto s = rebalance(); !s) keep_bg_error(s.error());
       return;
     }
-    std::vector<BlockKey> todo;
+    std::vector<std::pair<int64_t, BlockKey>> todo;  // (distance in the window, block)
     {
       std::lock_guard lock(mu_);
-      for (const auto& [k, e] : map_)
-        if (job.layers.contains(k.layer) && e.version != 0 && !e.hot && !e.busy) todo.push_back(k);
+      for (const auto& [k, e] : map_) {
+        const int64_t d = window_distance(job.layers, k.layer);
+        if (d >= 0 && e.version != 0 && !e.hot && !e.busy) todo.emplace_back(d, k);
+      }
     }
     std::sort(todo.begin(), todo.end());
-    for (const BlockKey& k : todo) {
+    for (const auto& [d, k] : todo) {
       {
         std::unique_lock lock(mu_);
         auto it = map_.find(k);
