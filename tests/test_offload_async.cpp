@@ -139,22 +139,26 @@ TEST(OffloadPrefetcher, DropsWhenFullAndCoalescesRebalance) {
   std::mutex mu;
   std::condition_variable cv;
   bool open = false;
+  int entered = 0;
   std::atomic<int> fetches{0}, rebalances{0};
   ko::Prefetcher pf(2, [&](const ko::IoJob& j) {
     std::unique_lock l(mu);
+    ++entered;
+    cv.notify_all();
     cv.wait(l, [&] { return open; });
     (j.kind == ko::IoJob::Kind::rebalance ? rebalances : fetches)++;
   });
-  EXPECT_TRUE(pf.request({0, 0}));  // taken by the worker (or queued)
-  while (true) {                    // wait until the worker holds it, so the queue is empty
-    std::this_thread::sleep_for(1ms);
-    if (pf.request({1, 1})) break;
+  EXPECT_TRUE(pf.request({0, 0}));
+  {
+    std::unique_lock l(mu);  // the worker holds job 0: the queue is empty
+    cv.wait(l, [&] { return entered == 1; });
   }
+  EXPECT_TRUE(pf.request({1, 1}));
   EXPECT_TRUE(pf.request_rebalance());
   EXPECT_TRUE(pf.request_rebalance());  // coalesced with the queued one
-  int dropped_before = static_cast<int>(pf.dropped());
-  EXPECT_FALSE(pf.request({2, 2}));     // queue of 2 is full
-  EXPECT_EQ(static_cast<int>(pf.dropped()), dropped_before + 1);
+  EXPECT_EQ(pf.dropped(), 0u);
+  EXPECT_FALSE(pf.request({2, 2}));  // the queue of 2 is full
+  EXPECT_EQ(pf.dropped(), 1u);
   {
     std::lock_guard l(mu);
     open = true;
@@ -162,7 +166,10 @@ TEST(OffloadPrefetcher, DropsWhenFullAndCoalescesRebalance) {
   cv.notify_all();
   pf.drain();
   EXPECT_EQ(rebalances.load(), 1);
-  EXPECT_GE(fetches.load(), 2);
+  EXPECT_EQ(fetches.load(), 2);
+  EXPECT_TRUE(pf.request_rebalance());  // not queued any more: a new one is accepted
+  pf.drain();
+  EXPECT_EQ(rebalances.load(), 2);
   pf.stop();
   EXPECT_FALSE(pf.request({3, 3}));
 }
