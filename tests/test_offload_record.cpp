@@ -45,10 +45,10 @@ std::vector<ko::Aead> aeads() {
 
 TEST(OffloadHeader, KnownAnswerBytes) {
   const auto h = ko::BlockHeader::make(c11_layout(), ko::Aead::xchacha20poly1305, 33, 10496).serialize();
-  // 'KVPB', version 1, aead 1, bits 4, codec 0x0401A116, group 32, head_dim 128, tokens 64,
-  // count 33, payload 10496 = 0x2900, 8 reserved zero bytes.
-  const std::vector<int> want{'K', 'V', 'P', 'B', 1, 0, 1, 4, 0x16, 0xA1, 0x01, 0x04, 32, 0, 128, 0,
-                              64,  0,   33,  0,   0, 0x29, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  // 'KVPB', version 1, aead 1, flags 0, codec 0x0401A116, k_bits 4, v_bits 4, k_group 32,
+  // v_group 32, head_dim 128, tokens 64, count 33, payload 10496 = 0x2900, 4 reserved zero bytes.
+  const std::vector<int> want{'K', 'V', 'P', 'B', 1, 0, 1, 0, 0x16, 0xA1, 0x01, 0x04, 4, 4, 32, 0,
+                              32,  0,   128, 0,   64, 0, 33, 0, 0, 0x29, 0, 0, 0, 0, 0, 0};
   ASSERT_EQ(h.size(), want.size());
   for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(std::to_integer<int>(h[i]), want[i]) << "byte " << i;
 }
@@ -71,7 +71,7 @@ TEST(OffloadHeader, RoundTripAndParseErrors) {
   bad = bytes;
   bad[6] = std::byte{3};  // unknown aead
   EXPECT_EQ(ko::BlockHeader::parse(bad).error().code, Errc::corrupt_data);
-  for (std::size_t i = 24; i < 32; ++i) {
+  for (std::size_t i = 28; i < 32; ++i) {
     bad = bytes;
     bad[i] = std::byte{1};
     EXPECT_EQ(ko::BlockHeader::parse(bad).error().code, Errc::corrupt_data) << "reserved byte " << i;
@@ -89,11 +89,20 @@ TEST(OffloadHeader, EveryLayoutFieldIsChecked) {
   l.head_dim = 64;
   cases.push_back({"head_dim", l});
   l = layout;
-  l.group_size = 64;
-  cases.push_back({"group_size", l});
+  l.k_group = 64;
+  cases.push_back({"k_group", l});
   l = layout;
-  l.bits = 8;
-  cases.push_back({"bits", l});
+  l.v_group = 64;
+  cases.push_back({"v_group", l});
+  l = layout;
+  l.k_bits = 8;
+  cases.push_back({"k_bits", l});
+  l = layout;
+  l.v_bits = 8;
+  cases.push_back({"v_bits", l});
+  l = layout;
+  l.flags = 1;
+  cases.push_back({"flags", l});
   l = layout;
   l.codec_format = layout.codec_format + 1;
   cases.push_back({"codec_format", l});
@@ -120,13 +129,16 @@ TEST(OffloadHeader, EveryLayoutFieldIsChecked) {
 TEST(OffloadHeader, LayoutValidation) {
   EXPECT_TRUE(c11_layout().validate());
   auto l = c11_layout();
-  l.bits = 0;
+  l.k_bits = 0;
   EXPECT_EQ(l.validate().error().code, Errc::invalid_argument);
   l = c11_layout();
-  l.bits = 33;
+  l.v_bits = 33;
   EXPECT_FALSE(l.validate());
   l = c11_layout();
-  l.group_size = 0;
+  l.v_group = 0;
+  EXPECT_FALSE(l.validate());
+  l = c11_layout();
+  l.flags = 2;
   EXPECT_FALSE(l.validate());
   l = c11_layout();
   l.max_payload_bytes = 0;
@@ -384,15 +396,15 @@ TEST_P(OffloadRecord, OtherLayoutIsRejected) {
   for (int which = 0; which < 3; ++which) {
     auto l = c11_layout();
     if (which == 0) l.head_dim = 64;
-    if (which == 1) l.group_size = 64;
-    if (which == 2) l.bits = 8;
+    if (which == 1) l.k_group = 64;
+    if (which == 2) l.v_bits = 8;
     std::vector<std::byte> rec(ko::record_bytes(1000));
     ASSERT_TRUE(ko::seal_record(*cipher_, l, id_, 64, std::span(payload_).first(1000), rec));
     std::vector<std::byte> out;
     auto r = open(id_, rec, out);
     ASSERT_FALSE(r);
     EXPECT_EQ(r.error().code, Errc::corrupt_data);
-    EXPECT_NE(r.error().message.find(which == 0 ? "head_dim" : which == 1 ? "group_size" : "bits"), std::string::npos)
+    EXPECT_NE(r.error().message.find(which == 0 ? "head_dim" : which == 1 ? "k_group" : "v_bits"), std::string::npos)
         << r.error().message;
     EXPECT_TRUE(all_zero(out));
     std::vector<std::byte> back(1000);

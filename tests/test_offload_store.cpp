@@ -404,7 +404,7 @@ TEST(OffloadStoreFile, HeaderWithAnotherLayoutIsRejected) {
     uint8_t value;
     const char* name;
   };
-  for (const Field f : {Field{14, 64, "head_dim"}, Field{12, 64, "group_size"}, Field{7, 8, "bits"}}) {
+  for (const Field f : {Field{18, 64, "head_dim"}, Field{14, 64, "k_group"}, Field{12, 8, "k_bits"}, Field{13, 8, "v_bits"}}) {
     auto t = rec;
     t[f.at] = static_cast<std::byte>(f.value);
     write_at(path, s.offset(a), t);

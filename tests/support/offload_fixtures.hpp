@@ -40,8 +40,14 @@ inline constexpr uint32_t kC11CodecFormat = 0x0401A116;
 
 /// The C11 layout.
 [[nodiscard]] inline BlockLayout c11_layout() {
-  return BlockLayout{kC11CodecFormat, kC11Bits, kC11Group, kC11HeadDim, kC11Tokens,
-                     static_cast<uint32_t>(kC11PayloadBytes)};
+  BlockLayout l;
+  l.codec_format = kC11CodecFormat;
+  l.k_bits = l.v_bits = kC11Bits;
+  l.k_group = l.v_group = kC11Group;
+  l.head_dim = kC11HeadDim;
+  l.block_tokens = kC11Tokens;
+  l.max_payload_bytes = static_cast<uint32_t>(kC11PayloadBytes);
+  return l;
 }
 
 /// `n` pseudo-random bytes from `seed` (stand-in for an encoded block until the codecs land).

@@ -7,15 +7,20 @@
 //        0    4 magic            'K' 'V' 'P' 'B'
 //        4    2 format_version   kFormatVersion (1)
 //        6    1 aead             Aead id of the record (0 none, 1 XChaCha20-Poly1305, 2 AES-256-GCM)
-//        7    1 bits             bits per code of the codec (4 for INT4, 8 for INT8/FP8, 16, 32)
-//        8    4 codec_format     the codec's format id (opaque here; distinguishes e.g. INT4
-//                                asymmetric fp16-metadata from INT4 symmetric fp32-metadata)
-//       12    2 group_size       quantization group size in values
-//       14    2 head_dim         values per token per head
-//       16    2 block_tokens     tokens a full block holds (BlockTokens, 32 or 64)
-//       18    2 token_count      tokens this block holds (<= block_tokens)
-//       20    4 payload_bytes    bytes of the compressed payload that follows (plaintext size)
-//       24    8 reserved         must be 0
+//        7    1 flags            bit 0: keys quantized per-channel (KIVI); other bits 0
+//        8    4 codec_format     the K/V codecs' format id (opaque here, see cache_layout.hpp;
+//                                tells apart codecs of equal bits, e.g. FP8 E4M3 vs E5M2,
+//                                symmetric vs asymmetric, fp16 vs fp32 metadata)
+//       12    1 k_bits           bits per key code (4 INT4, 8 INT8/FP8, 16 fp16, 32 fp32)
+//       13    1 v_bits           bits per value code
+//       14    2 k_group          key group size (channels per group per-token, tokens per group
+//                                per-channel; 1 for ungrouped codecs)
+//       16    2 v_group          value group size (channels per group)
+//       18    2 head_dim         values per token per head
+//       20    2 block_tokens     tokens a full block holds (Blocks<B>, 32 or 64 typically)
+//       22    2 token_count      tokens this block holds (<= block_tokens)
+//       24    4 payload_bytes    bytes of the compressed payload that follows (plaintext size)
+//       28    4 reserved         must be 0
 //
 // The header is stored in clear (it names no user data) and is part of the AEAD associated
 // data, so changing any byte fails authentication; a header describing another layout is
@@ -51,12 +56,14 @@ enum class Aead : uint8_t {
   return "unknown";
 }
 
-/// Shape of the blocks a cache offloads. Every restored header must match the first five
-/// fields exactly; `max_payload_bytes` bounds payload_bytes and sizes file slots.
+/// Shape of the blocks a cache offloads (the offload-side mirror of kvpack::BlockHeader's layout
+/// fields plus the codec identity). Every restored header must match all fields but
+/// `max_payload_bytes` exactly; that one bounds payload_bytes and sizes file slots.
 struct BlockLayout {
-  uint32_t codec_format = 0;       ///< codec format id (see the codec's traits)
-  uint8_t bits = 0;                ///< bits per code, 1..32
-  uint16_t group_size = 0;         ///< values per quantization group, > 0
+  uint32_t codec_format = 0;       ///< K/V codec format id (cache_layout.hpp derives it)
+  uint8_t k_bits = 0, v_bits = 0;  ///< bits per key / value code, 1..32
+  uint8_t flags = 0;               ///< bit 0: keys per-channel
+  uint16_t k_group = 0, v_group = 0;  ///< group sizes, > 0 (1 for ungrouped codecs)
   uint16_t head_dim = 0;           ///< values per token per head, > 0
   uint16_t block_tokens = 0;       ///< tokens per full block, > 0
   uint32_t max_payload_bytes = 0;  ///< bytes of the largest payload (a full block), > 0
@@ -65,9 +72,11 @@ struct BlockLayout {
 
   /// Checks the ranges above; Errc::invalid_argument naming the bad field.
   [[nodiscard]] Status validate() const {
-    if (bits < 1 || bits > 32)
-      return fail(Errc::invalid_argument, "block layout: bits must be 1..32, got " + std::to_string(bits));
-    if (group_size == 0) return fail(Errc::invalid_argument, "block layout: group_size must be > 0");
+    if (k_bits < 1 || k_bits > 32 || v_bits < 1 || v_bits > 32)
+      return fail(Errc::invalid_argument, "block layout: k_bits and v_bits must be 1..32, got " +
+                                              std::to_string(k_bits) + " and " + std::to_string(v_bits));
+    if (k_group == 0 || v_group == 0) return fail(Errc::invalid_argument, "block layout: group sizes must be > 0");
+    if (flags > 1) return fail(Errc::invalid_argument, "block layout: unknown flags " + std::to_string(flags));
     if (head_dim == 0) return fail(Errc::invalid_argument, "block layout: head_dim must be > 0");
     if (block_tokens == 0) return fail(Errc::invalid_argument, "block layout: block_tokens must be > 0");
     if (max_payload_bytes == 0)
@@ -85,9 +94,10 @@ struct BlockHeader {
 
   uint16_t format_version = kFormatVersion;
   Aead aead = Aead::xchacha20poly1305;
-  uint8_t bits = 0;
+  uint8_t flags = 0;
   uint32_t codec_format = 0;
-  uint16_t group_size = 0;
+  uint8_t k_bits = 0, v_bits = 0;
+  uint16_t k_group = 0, v_group = 0;
   uint16_t head_dim = 0;
   uint16_t block_tokens = 0;
   uint16_t token_count = 0;
@@ -100,9 +110,12 @@ struct BlockHeader {
                                         uint32_t payload_bytes) noexcept {
     BlockHeader h;
     h.aead = aead;
-    h.bits = layout.bits;
+    h.flags = layout.flags;
     h.codec_format = layout.codec_format;
-    h.group_size = layout.group_size;
+    h.k_bits = layout.k_bits;
+    h.v_bits = layout.v_bits;
+    h.k_group = layout.k_group;
+    h.v_group = layout.v_group;
     h.head_dim = layout.head_dim;
     h.block_tokens = layout.block_tokens;
     h.token_count = token_count;
@@ -119,13 +132,16 @@ struct BlockHeader {
     };
     put(4, format_version, 2);
     put(6, static_cast<uint8_t>(aead), 1);
-    put(7, bits, 1);
+    put(7, flags, 1);
     put(8, codec_format, 4);
-    put(12, group_size, 2);
-    put(14, head_dim, 2);
-    put(16, block_tokens, 2);
-    put(18, token_count, 2);
-    put(20, payload_bytes, 4);
+    put(12, k_bits, 1);
+    put(13, v_bits, 1);
+    put(14, k_group, 2);
+    put(16, v_group, 2);
+    put(18, head_dim, 2);
+    put(20, block_tokens, 2);
+    put(22, token_count, 2);
+    put(24, payload_bytes, 4);
     return out;
   }
 
@@ -151,14 +167,17 @@ struct BlockHeader {
     const auto aead = get(6, 1);
     if (aead > 2) return fail(Errc::corrupt_data, "block header: unknown aead id " + std::to_string(aead));
     h.aead = static_cast<Aead>(aead);
-    h.bits = static_cast<uint8_t>(get(7, 1));
+    h.flags = static_cast<uint8_t>(get(7, 1));
     h.codec_format = static_cast<uint32_t>(get(8, 4));
-    h.group_size = static_cast<uint16_t>(get(12, 2));
-    h.head_dim = static_cast<uint16_t>(get(14, 2));
-    h.block_tokens = static_cast<uint16_t>(get(16, 2));
-    h.token_count = static_cast<uint16_t>(get(18, 2));
-    h.payload_bytes = static_cast<uint32_t>(get(20, 4));
-    if (get(24, 8) != 0) return fail(Errc::corrupt_data, "block header: reserved bytes are not zero");
+    h.k_bits = static_cast<uint8_t>(get(12, 1));
+    h.v_bits = static_cast<uint8_t>(get(13, 1));
+    h.k_group = static_cast<uint16_t>(get(14, 2));
+    h.v_group = static_cast<uint16_t>(get(16, 2));
+    h.head_dim = static_cast<uint16_t>(get(18, 2));
+    h.block_tokens = static_cast<uint16_t>(get(20, 2));
+    h.token_count = static_cast<uint16_t>(get(22, 2));
+    h.payload_bytes = static_cast<uint32_t>(get(24, 4));
+    if (get(28, 4) != 0) return fail(Errc::corrupt_data, "block header: reserved bytes are not zero");
     return h;
   }
 
@@ -171,8 +190,11 @@ struct BlockHeader {
                                           std::to_string(got) + ", expected " + std::to_string(want));
     };
     if (codec_format != layout.codec_format) return mismatch("codec_format", codec_format, layout.codec_format);
-    if (bits != layout.bits) return mismatch("bits", bits, layout.bits);
-    if (group_size != layout.group_size) return mismatch("group_size", group_size, layout.group_size);
+    if (flags != layout.flags) return mismatch("flags (key axis)", flags, layout.flags);
+    if (k_bits != layout.k_bits) return mismatch("k_bits", k_bits, layout.k_bits);
+    if (v_bits != layout.v_bits) return mismatch("v_bits", v_bits, layout.v_bits);
+    if (k_group != layout.k_group) return mismatch("k_group", k_group, layout.k_group);
+    if (v_group != layout.v_group) return mismatch("v_group", v_group, layout.v_group);
     if (head_dim != layout.head_dim) return mismatch("head_dim", head_dim, layout.head_dim);
     if (block_tokens != layout.block_tokens) return mismatch("block_tokens", block_tokens, layout.block_tokens);
     if (aead != expected_aead)
