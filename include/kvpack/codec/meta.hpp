@@ -1,0 +1,107 @@
+// Rounding of group metadata (scale, zero-point) to its storage precision, and its byte layout.
+//
+// Scales are rounded UP and zero-points DOWN, so that every value of a group stays inside the
+// representable range [zero, zero + scale * qmax] after the metadata is rounded; the round-trip
+// error then stays within half a step of the *stored* scale.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "kvpack/codec/params.hpp"
+#include "kvpack/numeric.hpp"
+
+namespace kvpack::detail {
+
+/// Smallest float >= d (d finite). Values beyond FLT_MAX saturate to FLT_MAX.
+[[nodiscard]] inline float f32_round_up(double d) noexcept {
+  float f = static_cast<float>(d);
+  if (std::isinf(f)) return std::copysign(std::numeric_limits<float>::max(), f);
+  if (static_cast<double>(f) < d) f = std::nextafter(f, std::numeric_limits<float>::infinity());
+  return f;
+}
+/// Largest float <= d (d finite). Values beyond -FLT_MAX saturate to -FLT_MAX.
+[[nodiscard]] inline float f32_round_down(double d) noexcept {
+  float f = static_cast<float>(d);
+  if (std::isinf(f)) return std::copysign(std::numeric_limits<float>::max(), f);
+  if (static_cast<double>(f) > d) f = std::nextafter(f, -std::numeric_limits<float>::infinity());
+  return f;
+}
+
+/// Largest magnitude a metadata value may take in this precision (±65504 for fp16).
+template <class Meta>
+inline constexpr float meta_max = std::is_same_v<Meta, MetaF16> ? kFp16Max : std::numeric_limits<float>::max();
+
+/// Rounds d up to the metadata precision (exact directed rounding; double -> f32 -> f16 in the same
+/// direction equals a direct directed rounding because the f16 grid is a subset of the f32 grid).
+template <class Meta>
+[[nodiscard]] inline float meta_round_up(double d) noexcept {
+  const float f = f32_round_up(d);
+  if constexpr (std::is_same_v<Meta, MetaF16>) {
+    return fp16_to_float(fp16_from_float(f, Rounding::toward_pos_inf));
+  } else {
+    return f;
+  }
+}
+/// Rounds d down to the metadata precision.
+template <class Meta>
+[[nodiscard]] inline float meta_round_down(double d) noexcept {
+  const float f = f32_round_down(d);
+  if constexpr (std::is_same_v<Meta, MetaF16>) {
+    return fp16_to_float(fp16_from_float(f, Rounding::toward_neg_inf));
+  } else {
+    return f;
+  }
+}
+
+/// Writes one metadata value (already representable in Meta) as little-endian bytes.
+template <class Meta>
+inline void store_meta(float v, std::byte* dst) noexcept {
+  if constexpr (std::is_same_v<Meta, MetaF16>) {
+    const std::uint16_t h = fp16_from_float(v);
+    std::memcpy(dst, &h, sizeof h);
+  } else {
+    std::memcpy(dst, &v, sizeof v);
+  }
+}
+/// Reads one metadata value written by store_meta.
+template <class Meta>
+[[nodiscard]] inline float load_meta(const std::byte* src) noexcept {
+  if constexpr (std::is_same_v<Meta, MetaF16>) {
+    std::uint16_t h;
+    std::memcpy(&h, src, sizeof h);
+    return fp16_to_float(h);
+  } else {
+    float v;
+    std::memcpy(&v, src, sizeof v);
+    return v;
+  }
+}
+
+/// Round-half-to-even of a float already clamped to |v| < 2^22 (adding 1.5 * 2^23 forces the
+/// hardware's default round-to-nearest-even at integer granularity). Requires the default
+/// floating-point environment and no -ffast-math; bit-identical to the SIMD and CUDA paths.
+[[nodiscard]] inline float round_half_even(float v) noexcept {
+  constexpr float magic = 12582912.f;  // 1.5 * 2^23
+  const float t = v + magic;  // IEEE semantics forbid folding (v + m) - m without -ffast-math
+  return t - magic;
+}
+
+/// Minimum, maximum and maximum magnitude of `count` values read with a stride.
+struct GroupRange {
+  float min, max;
+};
+[[nodiscard]] inline GroupRange group_range(const float* x, std::ptrdiff_t stride, int count) noexcept {
+  float lo = x[0], hi = x[0];
+  for (int i = 1; i < count; ++i) {
+    const float v = x[i * stride];
+    lo = v < lo ? v : lo;
+    hi = v > hi ? v : hi;
+  }
+  return {lo, hi};
+}
+
+}  // namespace kvpack::detail

@@ -1,0 +1,113 @@
+// Policy types that compose into KVCache<Policy...>. Each policy is an empty tag carrying
+// constants; its `kvpack_role` member names the role KVCache finds it by (order-free).
+#pragma once
+
+#include <type_traits>
+
+#include "kvpack/codec/concepts.hpp"
+#include "kvpack/codec/float_codec.hpp"
+#include "kvpack/codec/fp8_codec.hpp"
+#include "kvpack/codec/int_codec.hpp"
+
+namespace kvpack {
+
+/// Roles a policy can play inside KVCache.
+namespace role {
+struct keys {};
+struct values {};
+struct sinks {};
+struct residual {};
+struct blocks {};
+struct backend {};
+}  // namespace role
+
+/// Key grouping axis: groups run along head_dim within each token (per-token, the default).
+struct PerToken {};
+/// Key grouping axis: groups run along tokens within each channel (KIVI, arXiv:2402.02750).
+/// The last, incomplete group of tokens waits in full precision until group_size tokens arrive.
+struct PerChannel {};
+
+/// Codec (and grouping axis) of the keys. Default when absent: Keys<Fp32>.
+template <KvCodec Codec, class Axis = PerToken>
+struct Keys {
+  static_assert(std::is_same_v<Axis, PerToken> || std::is_same_v<Axis, PerChannel>,
+                "kvpack::Keys<Codec, Axis>: Axis must be kvpack::PerToken or kvpack::PerChannel");
+  static_assert(!std::is_same_v<Axis, PerChannel> || Codec::grouped,
+                "kvpack::Keys<Codec, PerChannel>: per-channel keys need a grouped codec "
+                "(Int8, Int4, Fp8E4M3, Fp8E5M2); Fp32/Fp16 have no groups");
+  using kvpack_role = role::keys;
+  using codec = Codec;
+  static constexpr bool per_channel = std::is_same_v<Axis, PerChannel>;
+};
+
+/// Codec of the values, always grouped per token. Default when absent: Values<Fp32>.
+template <KvCodec Codec>
+struct Values {
+  using kvpack_role = role::values;
+  using codec = Codec;
+};
+
+/// Attention sinks (StreamingLLM, arXiv:2309.17453): the first N tokens stay in full precision
+/// (fp32) for the life of the cache. Default: Sinks<0>.
+template <int N>
+struct Sinks {
+  static_assert(N >= 0, "kvpack::Sinks<N>: N must be >= 0");
+  using kvpack_role = role::sinks;
+  static constexpr int count = N;
+};
+
+/// Residual window: the most recent R tokens stay in full precision (fp32); older tokens are
+/// quantized as they leave the window (KIVI keeps R = 128). Default: Residual<0>.
+template <int R>
+struct Residual {
+  static_assert(R >= 0, "kvpack::Residual<R>: R must be >= 0");
+  using kvpack_role = role::residual;
+  static constexpr int tokens = R;
+};
+
+/// Tokens per storage block (the unit of quantized storage, eviction, offload). Default: 64, or the
+/// key group size when per-channel keys use a larger group.
+template <int B>
+struct Blocks {
+  static_assert(B >= 8 && B <= 1024 && (B & (B - 1)) == 0,
+                "kvpack::Blocks<B>: B must be a power of two in [8, 1024]");
+  using kvpack_role = role::blocks;
+  static constexpr int tokens = B;
+};
+
+/// Kernel backend tags. Auto picks the best kernel the target supports; the others force one.
+struct Auto {};
+struct Scalar {};
+/// Backend selection policy. Default: Backend<Auto>.
+template <class Tag>
+struct Backend {
+  using kvpack_role = role::backend;
+  using tag = Tag;
+};
+
+namespace detail {
+template <class P, class = void>
+struct role_of {
+  using type = void;
+};
+template <class P>
+struct role_of<P, std::void_t<typename P::kvpack_role>> {
+  using type = typename P::kvpack_role;
+};
+template <class P>
+using role_of_t = typename role_of<P>::type;
+
+template <class Role>
+struct has_role {
+  template <class P>
+  struct pred : std::is_same<role_of_t<P>, Role> {};
+};
+
+template <class Role, class Default, class... Ps>
+using find_role_t = pick_or_t<has_role<Role>::template pred, Default, Ps...>;
+
+template <class Role, class... Ps>
+inline constexpr int role_count_v = count_if_v<has_role<Role>::template pred, Ps...>;
+}  // namespace detail
+
+}  // namespace kvpack

@@ -1,0 +1,182 @@
+// Portable scalar fused dequant-attention kernel: the executable specification of kvpack's
+// attention. SIMD and CUDA kernels must agree with it to 1e-5 relative.
+//
+// For one KV head and its GQA group of `group` query heads, it streams the head's stored tokens
+// in order (sinks, quantized blocks, pending full-precision rows, the current chunk), dequantizes
+// each block once into a small tile, scores every query of the group against each key of the tile
+// (so K and V are read once per KV head, not once per query head), and keeps an online softmax
+// (Milakov & Gimelshein 2018; FlashAttention) with fp32 accumulation.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "kvpack/cache/block.hpp"
+#include "kvpack/codec/rows.hpp"
+
+namespace kvpack::kernels {
+
+/// Full-precision rows of one KV head: token t's key at k + t * stride (floats), value likewise;
+/// tokens carry cache indices [first, first + count).
+struct ExactRows {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  std::int64_t stride = 0;
+  std::int64_t first = 0;
+  std::int64_t count = 0;
+};
+
+/// A quantized block of one KV head: payload laid out as BlockLayout, tokens [first, first + count).
+struct BlockRef {
+  const std::byte* data = nullptr;
+  std::int64_t first = 0;
+  int count = 0;
+};
+
+/// Everything one KV head holds, in cache-index order.
+struct HeadSegments {
+  ExactRows sinks;
+  std::span<const BlockRef> blocks;
+  ExactRows pending;
+  ExactRows chunk;
+};
+
+/// Queries and outputs of one GQA group. Query i (cache index q_first + i), group head j:
+/// q + i * q_stride + j * head_dim; out likewise with out_stride. Causal: a query sees keys whose
+/// cache index is <= its own.
+struct AttendArgs {
+  int head_dim = 0;
+  int group = 1;
+  int n_q = 0;
+  std::int64_t q_first = 0;
+  float scale = 1.f;
+  const float* q = nullptr;
+  std::int64_t q_stride = 0;
+  float* out = nullptr;
+  std::int64_t out_stride = 0;
+};
+
+/// Reusable working memory of the kernel (grown on demand, never shrunk: no steady-state allocation).
+struct Scratch {
+  std::vector<float> m, l, acc, scores, k_tile, v_tile;
+  std::vector<GroupParams> channel_params;  // per-channel key metadata of one token group
+  void ensure(int n_states, int head_dim, int tile) {
+    const auto ns = static_cast<std::size_t>(n_states);
+    const auto D = static_cast<std::size_t>(head_dim);
+    const auto T = static_cast<std::size_t>(tile);
+    if (m.size() < ns) m.resize(ns), l.resize(ns);
+    if (acc.size() < ns * D) acc.resize(ns * D);
+    if (scores.size() < T) scores.resize(T);
+    if (k_tile.size() < T * D) k_tile.resize(T * D), v_tile.resize(T * D);
+    if (channel_params.size() < D) channel_params.resize(D);
+  }
+};
+
+namespace scalar_detail {
+
+/// Online-softmax update of every (query, group head) state with `count` keys/values.
+inline void accumulate_tile(const AttendArgs& a, const float* kt, const float* vt, std::int64_t stride,
+                            std::int64_t first, std::int64_t count, Scratch& s) {
+  const int D = a.head_dim;
+  for (int i = 0; i < a.n_q; ++i) {
+    const std::int64_t visible = std::clamp<std::int64_t>(a.q_first + i - first + 1, 0, count);
+    if (visible == 0) continue;
+    for (int j = 0; j < a.group; ++j) {
+      const float* q = a.q + i * a.q_stride + j * D;
+      const int st = i * a.group + j;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (std::int64_t t = 0; t < visible; ++t) {
+        const float* k = kt + t * stride;
+        float dot = 0.f;
+        for (int d = 0; d < D; ++d) dot += q[d] * k[d];
+        const float sc = dot * a.scale;
+        s.scores[static_cast<std::size_t>(t)] = sc;
+        mx = std::max(mx, sc);
+      }
+      const float m_new = std::max(s.m[st], mx);
+      const float corr = std::exp(s.m[st] - m_new);  // 0 on the first tile (m = -inf)
+      float* acc = s.acc.data() + static_cast<std::size_t>(st) * D;
+      float l = s.l[st] * corr;
+      for (int d = 0; d < D; ++d) acc[d] *= corr;
+      for (std::int64_t t = 0; t < visible; ++t) {
+        const float p = std::exp(s.scores[static_cast<std::size_t>(t)] - m_new);
+        l += p;
+        const float* v = vt + t * stride;
+        for (int d = 0; d < D; ++d) acc[d] += p * v[d];
+      }
+      s.m[st] = m_new;
+      s.l[st] = l;
+    }
+  }
+}
+
+/// Dequantizes the keys and values of one block into the scratch tiles ([count][D] each).
+template <KvCodec KC, KvCodec VC, bool KPerChannel>
+void dequantize_block(const BlockLayout& L, const BlockRef& b, Scratch& s) {
+  const int D = L.head_dim;
+  const auto Dz = static_cast<std::size_t>(D);
+  for (int t = 0; t < b.count; ++t) {
+    const auto tt = static_cast<std::size_t>(t);
+    float* kr = s.k_tile.data() + tt * Dz;
+    if constexpr (KPerChannel) {
+      // Decode the token group's per-channel scales once, then every row of the group.
+      if (t % L.k_group == 0) {
+        const std::byte* meta = b.data + L.k_meta + (tt / static_cast<std::size_t>(L.k_group)) * L.k_meta_group;
+        for (std::size_t c = 0; c < Dz; ++c) s.channel_params[c] = KC::load_params(meta + c * KC::meta_bytes_per_group);
+      }
+      const std::byte* row = b.data + L.k_codes + tt * L.k_row;
+      for (std::size_t c = 0; c < Dz; ++c) kr[c] = KC::decode_value(KC::load_code(row, c), s.channel_params[c]);
+    } else {
+      decode_row<KC>(b.data + L.k_codes + tt * L.k_row, b.data + L.k_meta + tt * L.k_meta_token, D, kr);
+    }
+    decode_row<VC>(b.data + L.v_codes + tt * L.v_row, b.data + L.v_meta + tt * L.v_meta_token, D,
+                   s.v_tile.data() + tt * Dz);
+  }
+}
+
+}  // namespace scalar_detail
+
+/// Fused dequant-attention for one KV head and its query group (decode: n_q = 1; prefill: n_q > 1).
+/// Writes softmax(q k^T * scale) v for every query; a query that sees no key gets zeros.
+/// Preconditions (checked by KVCache): layout matches the blocks, scratch not shared across threads.
+template <KvCodec KC, KvCodec VC, bool KPerChannel>
+void attend_scalar(const AttendArgs& a, const HeadSegments& seg, const BlockLayout& L, Scratch& s) {
+  const int D = a.head_dim;
+  const int n_states = a.n_q * a.group;
+  s.ensure(n_states, D, std::max(L.tokens, 1));
+  std::fill_n(s.m.begin(), n_states, -std::numeric_limits<float>::infinity());
+  std::fill_n(s.l.begin(), n_states, 0.f);
+  std::fill_n(s.acc.begin(), static_cast<std::size_t>(n_states) * D, 0.f);
+
+  auto exact = [&](const ExactRows& r) {
+    // Tile exact rows too, so the score buffer stays BlockTokens long.
+    for (std::int64_t t0 = 0; t0 < r.count; t0 += L.tokens) {
+      const std::int64_t n = std::min<std::int64_t>(L.tokens, r.count - t0);
+      scalar_detail::accumulate_tile(a, r.k + t0 * r.stride, r.v + t0 * r.stride, r.stride, r.first + t0, n, s);
+    }
+  };
+  exact(seg.sinks);
+  for (const BlockRef& b : seg.blocks) {
+    if (b.count == 0 || b.first > a.q_first + a.n_q - 1) continue;
+    scalar_detail::dequantize_block<KC, VC, KPerChannel>(L, b, s);
+    scalar_detail::accumulate_tile(a, s.k_tile.data(), s.v_tile.data(), D, b.first, b.count, s);
+  }
+  exact(seg.pending);
+  exact(seg.chunk);
+
+  for (int i = 0; i < a.n_q; ++i)
+    for (int j = 0; j < a.group; ++j) {
+      const int st = i * a.group + j;
+      const float inv = s.l[st] > 0.f ? 1.f / s.l[st] : 0.f;
+      const float* acc = s.acc.data() + static_cast<std::size_t>(st) * D;
+      float* o = a.out + i * a.out_stride + j * D;
+      for (int d = 0; d < D; ++d) o[d] = acc[d] * inv;
+    }
+}
+
+}  // namespace kvpack::kernels
