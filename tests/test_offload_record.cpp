@@ -45,9 +45,9 @@ std::vector<ko::Aead> aeads() {
 
 TEST(OffloadHeader, KnownAnswerBytes) {
   const auto h = ko::BlockHeader::make(c11_layout(), ko::Aead::xchacha20poly1305, 33, 10496).serialize();
-  // 'KVPB', version 1, aead 1, flags 0, codec 0x0401A116, k_bits 4, v_bits 4, k_group 32,
+  // 'KVPB', version 1, aead 1, flags 0, codec 0x04520452, k_bits 4, v_bits 4, k_group 32,
   // v_group 32, head_dim 128, tokens 64, count 33, payload 10496 = 0x2900, 4 reserved zero bytes.
-  const std::vector<int> want{'K', 'V', 'P', 'B', 1, 0, 1, 0, 0x16, 0xA1, 0x01, 0x04, 4, 4, 32, 0,
+  const std::vector<int> want{'K', 'V', 'P', 'B', 1, 0, 1, 0, 0x52, 0x04, 0x52, 0x04, 4, 4, 32, 0,
                               32,  0,   128, 0,   64, 0, 33, 0, 0, 0x29, 0, 0, 0, 0, 0, 0};
   ASSERT_EQ(h.size(), want.size());
   for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(std::to_integer<int>(h[i]), want[i]) << "byte " << i;

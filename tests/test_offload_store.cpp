@@ -538,7 +538,5 @@ TEST(OffloadStoreFaults, FaultAtEveryIoCallLosesNothing) {
   }
 }
 
-// TODO(C2): constant groups (32 x 100.0, 32 x 0.0, 32 x -3.5; INT8/INT4, symmetric and
-// asymmetric, head_dim 128, group 32) reconstruct exactly before and after an offload round
-// trip. Needs the codecs (include/kvpack/kv_cache.hpp, codecs) that are not on main yet; the
-// byte-level guarantee it relies on (a restored block is bit-identical) is tested above.
+// CASES C2's offload round trip (constant groups exact after restore) and C11 with real encoded
+// INT4 blocks: test_offload_codec.cpp.

@@ -35,8 +35,9 @@ inline constexpr std::size_t kC11CodeBytes = kC11Tokens * kC11HeadDim * kC11Bits
 inline constexpr std::size_t kC11MetaBytes = kC11Tokens * kC11HeadDim / kC11Group * (2 + 2);
 inline constexpr std::size_t kC11PayloadBytes = 2 * (kC11CodeBytes + kC11MetaBytes) + kC11Tokens * 4;
 static_assert(kC11PayloadBytes == 10496);
-/// Arbitrary codec format id standing for "INT4 asymmetric, fp16 metadata" until the codecs land.
-inline constexpr uint32_t kC11CodecFormat = 0x0401A116;
+/// Codec format id of INT4 asymmetric fp16-metadata keys and values:
+/// codec_format_id<Int4<>, Int4<>>() (test_offload_codec.cpp checks the two agree).
+inline constexpr uint32_t kC11CodecFormat = 0x0452'0452;
 
 /// The C11 layout.
 [[nodiscard]] inline BlockLayout c11_layout() {
