@@ -214,8 +214,9 @@ TEST(OffloadCodecIdentity, RecordOfAnotherCodecIsRejected) {
   auto key = ko::SecretBytes::random(32).value();
   auto cipher = ko::RecordCipher::create(ko::Aead::xchacha20poly1305, key).value();
   const ko::BlockId id{{}, {0, 0, 0}, 1};
-  const auto payload = ko::testing::random_payload(la.max_payload_bytes, 3);
-  std::vector<std::byte> rec(ko::record_bytes(payload.size())), out(payload.size());
+  const std::size_t n = la.max_payload_bytes;
+  const auto payload = ko::testing::random_payload(n, 3);
+  std::vector<std::byte> rec(ko::record_bytes(n)), out(n);
   ASSERT_TRUE(ko::seal_record(cipher, la, id, 64, payload, rec));
   auto r = ko::open_record(cipher, lb, id, rec, out);
   ASSERT_FALSE(r);

@@ -266,33 +266,38 @@ TEST_P(OffloadC11, RoundTripIsBitIdentical) {
 // One flipped ciphertext byte in whatever tier holds the record: authentication error naming
 // the block, no data, the block is not resident; the record is kept so a repaired record
 // reads again.
-TEST_P(OffloadC11, FlippedStoredByteIsAnAuthError) {
-  const auto& p = GetParam();
-  if (p.file) GTEST_SKIP() << "file tampering: see OffloadStoreFile tests";
-  auto c = sync_config(0);
-  c.host = ko::HostTier{.encrypt = p.host_encrypt};
-  auto store = ko::OffloadStore::create(c).value();
-  const ko::BlockKey k{4, 6, 9};
-  ASSERT_TRUE(store->put(k, 64, payload_for(k)));
-  auto& host = dynamic_cast<ko::HostRecordTier&>(*store->tier(0));
-  auto raw = host.raw_slot_for_testing(store->location(k)->slot);
-  ASSERT_EQ(raw.size(), ko::record_bytes(kBlock));
-  const auto body = raw.subspan(56, kBlock);
-  const auto plain = payload_for(k);
-  EXPECT_EQ(std::equal(body.begin(), body.end(), plain.begin()), !p.host_encrypt);  // encrypted unless asked not to
-  raw[56 + 1234] ^= std::byte{0x80};
-  auto got = store->acquire(k);
-  ASSERT_FALSE(got);
-  EXPECT_EQ(got.error().code, Errc::auth_failed);
-  EXPECT_NE(got.error().message.find("block (layer 4, kv_head 6, block 9)"), std::string::npos) << got.error().message;
-  EXPECT_FALSE(store->is_resident(k));
-  EXPECT_EQ(store->try_acquire(k).error().code, Errc::not_present);
-  EXPECT_EQ(store->metrics().fetch_failures, 1u);
-  raw[56 + 1234] ^= std::byte{0x80};
-  auto again = store->acquire(k);
-  ASSERT_TRUE(again);
-  EXPECT_EQ(bytes_of(*again), plain);
+// (File tier: the OffloadStoreFile tests below.)
+TEST(OffloadStoreHost, FlippedStoredByteIsAnAuthError) {
+  for (const bool encrypt : {true, false}) {
+    SCOPED_TRACE(encrypt ? "encrypted host tier" : "authenticated-only host tier");
+    auto c = sync_config(0);
+    c.host = ko::HostTier{.encrypt = encrypt};
+    auto store = ko::OffloadStore::create(c).value();
+    const ko::BlockKey k{4, 6, 9};
+    ASSERT_TRUE(store->put(k, 64, payload_for(k)));
+    auto& host = dynamic_cast<ko::HostRecordTier&>(*store->tier(0));
+    auto raw = host.raw_slot_for_testing(store->location(k)->slot);
+    ASSERT_EQ(raw.size(), ko::record_bytes(kBlock));
+    const auto body = raw.subspan(56, kBlock);
+    const auto plain = payload_for(k);
+    EXPECT_EQ(std::equal(body.begin(), body.end(), plain.begin()), !encrypt);  // clear only if asked
+    raw[56 + 1234] ^= std::byte{0x80};
+    auto got = store->acquire(k);
+    ASSERT_FALSE(got);
+    EXPECT_EQ(got.error().code, Errc::auth_failed);
+    EXPECT_NE(got.error().message.find("block (layer 4, kv_head 6, block 9)"), std::string::npos)
+        << got.error().message;
+    EXPECT_FALSE(store->is_resident(k));
+    EXPECT_EQ(store->try_acquire(k).error().code, Errc::not_present);
+    EXPECT_EQ(store->metrics().fetch_failures, 1u);
+    raw[56 + 1234] ^= std::byte{0x80};
+    auto again = store->acquire(k);
+    ASSERT_TRUE(again);
+    EXPECT_EQ(bytes_of(*again), plain);
+  }
 }
+
+void PrintTo(const TierSetup& t, std::ostream* os) { *os << t.name; }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, OffloadC11,
                          ::testing::Values(TierSetup{"HostEncrypted", true, true, false, 100},
