@@ -46,7 +46,13 @@
   X(k8v4, "k8v4", kvpack::Keys<kvpack::Int8<>>, kvpack::Values<kvpack::Int4<>>)                          \
   X(kivi4, "kivi4", kvpack::Keys<kvpack::Int4<kvpack::Group<32>>, kvpack::PerChannel>,                   \
     kvpack::Values<kvpack::Int4<kvpack::Group<32>>>, kvpack::Residual<128>)                              \
-  X(fp8_e4m3, "fp8-e4m3", kvpack::Keys<kvpack::Fp8E4M3<>>, kvpack::Values<kvpack::Fp8E4M3<>>)
+  X(fp8_e4m3, "fp8-e4m3", kvpack::Keys<kvpack::Fp8E4M3<>>, kvpack::Values<kvpack::Fp8E4M3<>>)          \
+  /* eviction at a 1024-token budget (25 % of a 4k context): decode reads only what is held; */        \
+  /* h2o also pays its bookkeeping (attention mass gathered by the kernel) in every decode step */     \
+  X(int4_sw1k, "int4-g32+sink-window-1k", kvpack::Keys<kvpack::Int4<>>, kvpack::Values<kvpack::Int4<>>,   \
+    kvpack::SinkWindow<4, 1020>)                                                                         \
+  X(int4_h2o1k, "int4-g32+h2o-1k", kvpack::Keys<kvpack::Int4<>>, kvpack::Values<kvpack::Int4<>>,          \
+    kvpack::H2O<512, 508, 4>)
 
 // ---- Kernel backends: X(kvpack tag, "table name") --------------------------------------------
 // Later: X(kvpack::Avx2, "avx2"), X(kvpack::Neon, "neon"), X(kvpack::Cuda, "cuda").

@@ -610,6 +610,8 @@ class KVCache {
         if (!evicts || off + static_cast<std::size_t>(unit) > b.header.count)
           b.header.count = static_cast<std::uint16_t>(std::max<std::size_t>(b.header.count, off + static_cast<std::size_t>(unit)));
         ++b.header.version;
+        // Evict as we go, so a long prefill reuses slots instead of growing the pool past the budget.
+        if constexpr (evicts) enforce_budget(L, H, pending - (t0 + unit));
       }
       L.committed += unit;
     }
@@ -662,32 +664,37 @@ class KVCache {
 
   // SinkWindow / H2O: evict committed tokens until the layer holds at most the budget.
   void enforce_budget(Layer& L) {
+    for (Head& H : L.heads) enforce_budget(L, H, static_cast<std::int64_t>(L.pend_pos.size()));
+  }
+
+  // Evicts from head H until sinks + live slots + `pend` pending tokens fit the budget (or only
+  // sinks, recent and pending tokens are left).
+  void enforce_budget(Layer& L, Head& H, std::int64_t pend) {
     if constexpr (is_sink_window || is_h2o) {
-      const auto pend = static_cast<std::int64_t>(L.pend_pos.size());
       const std::int64_t recent_from = L.total - EvictP::recent_tokens;  // tokens at or after: recent
-      for (Head& H : L.heads) {
-        while (L.sinks_held + H.live + pend > EvictP::budget) {
-          std::int64_t victim = -1;
-          if constexpr (is_sink_window) {
-            while (!H.fifo.empty() && H.slot_token[static_cast<std::size_t>(H.fifo.front())] < 0) H.fifo.pop_front();
-            if (!H.fifo.empty() && H.slot_token[static_cast<std::size_t>(H.fifo.front())] < recent_from) {
-              victim = H.fifo.front();
-              H.fifo.pop_front();
-            }
-          } else {
-            for (std::size_t s = 0; s < H.slot_token.size(); ++s) {
-              const std::int32_t tok = H.slot_token[s];
-              if (tok < EvictP::sink_tokens || tok >= recent_from) continue;  // free, sink or recent
-              if (victim < 0 || H.slot_score[s] < H.slot_score[static_cast<std::size_t>(victim)] ||
-                  (H.slot_score[s] == H.slot_score[static_cast<std::size_t>(victim)] &&
-                   tok < H.slot_token[static_cast<std::size_t>(victim)]))
-                victim = static_cast<std::int64_t>(s);
-            }
+      while (L.sinks_held + H.live + pend > EvictP::budget) {
+        std::int64_t victim = -1;
+        if constexpr (is_sink_window) {
+          while (!H.fifo.empty() && H.slot_token[static_cast<std::size_t>(H.fifo.front())] < 0) H.fifo.pop_front();
+          if (!H.fifo.empty() && H.slot_token[static_cast<std::size_t>(H.fifo.front())] < recent_from) {
+            victim = H.fifo.front();
+            H.fifo.pop_front();
           }
-          if (victim < 0) break;  // only sinks, recent or pending tokens left
-          evict_slot(H, victim);
+        } else {
+          for (std::size_t s = 0; s < H.slot_token.size(); ++s) {
+            const std::int32_t tok = H.slot_token[s];
+            if (tok < EvictP::sink_tokens || tok >= recent_from) continue;  // free, sink or recent
+            if (victim < 0 || H.slot_score[s] < H.slot_score[static_cast<std::size_t>(victim)] ||
+                (H.slot_score[s] == H.slot_score[static_cast<std::size_t>(victim)] &&
+                 tok < H.slot_token[static_cast<std::size_t>(victim)]))
+              victim = static_cast<std::int64_t>(s);
+          }
         }
+        if (victim < 0) break;
+        evict_slot(H, victim);
       }
+    } else {
+      (void)L, (void)H, (void)pend;
     }
   }
 
