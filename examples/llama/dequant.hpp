@@ -35,44 +35,11 @@
 #include <string>
 #include <vector>
 
-// ---------------------------------------------------------------------------------------------
-// fp16 -> float. kvpack's single conversion lives in include/kvpack/numeric/fp16.hpp (branch
-// `numeric`). TEMPORARY SHIM: until that header is merged, a local exact conversion is used.
-// Once kvpack/numeric/fp16.hpp exists, it is picked up automatically and the shim is unused;
-// then delete the #else branch.
-#if __has_include(<kvpack/numeric/fp16.hpp>)
-#include <kvpack/numeric/fp16.hpp>
+#include <kvpack/numeric/fp16.hpp>  // kvpack's one home for fp16 conversions
+
 namespace kvpack::llama::detail {
 [[nodiscard]] inline float half_to_float(uint16_t h) noexcept { return kvpack::fp16_to_float(h); }
 }  // namespace kvpack::llama::detail
-#else
-namespace kvpack::llama::detail {
-/// TEMPORARY SHIM (see above): IEEE 754 binary16 -> binary32, exact for all inputs incl.
-/// subnormals, infinities and NaN (payload kept).
-[[nodiscard]] inline float half_to_float(uint16_t h) noexcept {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1Fu;
-  uint32_t mant = h & 0x3FFu;
-  uint32_t bits = 0;
-  if (exp == 0x1F) {
-    bits = sign | 0x7F800000u | (mant << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112u) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;
-  } else {  // subnormal: normalize
-    uint32_t e = 113;
-    while ((mant & 0x400u) == 0) {
-      mant <<= 1;
-      --e;
-    }
-    bits = sign | (e << 23) | ((mant & 0x3FFu) << 13);
-  }
-  return std::bit_cast<float>(bits);
-}
-}  // namespace kvpack::llama::detail
-#endif
-// ---------------------------------------------------------------------------------------------
 
 namespace kvpack::llama {
 

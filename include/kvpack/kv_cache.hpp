@@ -1,19 +1,24 @@
 // KVCache<Policy...>: the compressed key-value cache of one sequence, all layers.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kvpack/cache/block.hpp"
 #include "kvpack/detail/secure_zero.hpp"
+#include "kvpack/eviction/policies.hpp"
+#include "kvpack/eviction/snapkv_select.hpp"
 #include "kvpack/policy.hpp"
 #include "kvpack/result.hpp"
 #include "scalar/attention.hpp"
@@ -35,6 +40,7 @@ struct ModelShape {
 struct HeadContents {
   std::vector<float> k, v;
   std::vector<std::int32_t> positions;
+  std::vector<std::int64_t> indices;  ///< cache index (order of arrival) of each row
 };
 
 /// The KV cache of one sequence, composed from policies (order-free; missing roles get defaults):
@@ -63,7 +69,7 @@ template <class... Policies>
 class KVCache {
   static_assert(((!std::is_void_v<detail::role_of_t<Policies>>) && ...),
                 "kvpack::KVCache<...>: every template argument must be a kvpack policy: Keys<>, Values<>, "
-                "Sinks<>, Residual<>, Blocks<> or Backend<>");
+                "Sinks<>, Residual<>, Blocks<>, Backend<> or an eviction policy");
   static_assert(detail::role_count_v<role::keys, Policies...> <= 1, "kvpack::KVCache<...>: more than one Keys<> policy");
   static_assert(detail::role_count_v<role::values, Policies...> <= 1,
                 "kvpack::KVCache<...>: more than one Values<> policy");
@@ -74,9 +80,12 @@ class KVCache {
                 "kvpack::KVCache<...>: more than one Blocks<> policy");
   static_assert(detail::role_count_v<role::backend, Policies...> <= 1,
                 "kvpack::KVCache<...>: more than one Backend<> policy");
+  static_assert(detail::role_count_v<role::eviction, Policies...> <= 1,
+                "kvpack::KVCache<...>: more than one eviction policy (NoEviction, SinkWindow, H2O, SnapKV)");
 
   using KeysP = detail::find_role_t<role::keys, Keys<Fp32>, Policies...>;
   using ValuesP = detail::find_role_t<role::values, Values<Fp32>, Policies...>;
+  using EvictP = detail::find_role_t<role::eviction, NoEviction, Policies...>;
 
  public:
   using key_codec = typename KeysP::codec;
@@ -91,6 +100,15 @@ class KVCache {
   static constexpr double key_bits_per_value = key_codec::bits_per_value;
   static constexpr double value_bits_per_value = value_codec::bits_per_value;
 
+  using eviction_policy = EvictP;
+  static constexpr bool evicts = EvictP::evicts;
+  static constexpr bool is_h2o = detail::is_h2o_v<EvictP>;
+  static constexpr bool is_snapkv = detail::is_snapkv_v<EvictP>;
+  static constexpr bool is_sink_window = detail::is_sink_window_v<EvictP>;
+
+  static_assert(!evicts || !keys_per_channel,
+                "kvpack::KVCache<...>: token-level eviction (SinkWindow, H2O, SnapKV) needs per-token keys; "
+                "per-channel key groups cannot lose single tokens");
   static_assert(!keys_per_channel || block_tokens % key_codec::group_size == 0,
                 "kvpack::KVCache<...>: with Keys<Codec, PerChannel>, Blocks<B> must be a multiple of the key group "
                 "size (a block holds whole groups of tokens)");
@@ -126,6 +144,7 @@ class KVCache {
       layers_ = std::move(o.layers_);
       scratch_ = std::move(o.scratch_);
       refs_ = std::move(o.refs_);
+      mass_ = std::move(o.mass_);
     }
     return *this;
   }
@@ -136,8 +155,9 @@ class KVCache {
   /// Appends n = positions.size() tokens to `layer`: a prefill chunk or one decode token.
   /// k, v: [n][kv_heads][head_dim] float32, row-major (keys post-RoPE); positions: [n].
   /// Errors, with nothing written: layer out of range, wrong sizes (Errc::invalid_argument), more
-  /// than max_tokens tokens (Errc::capacity_exceeded), NaN/Inf in k or v (Errc::non_finite, naming
-  /// layer, KV head, token and channel). n = 0 is a no-op.
+  /// than max_tokens tokens (Errc::capacity_exceeded; with an eviction policy, max_tokens bounds
+  /// the tokens held, not the tokens seen), NaN/Inf in k or v (Errc::non_finite, naming layer, KV
+  /// head, token and channel). n = 0 is a no-op.
   Status append(int layer, std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> positions) {
     if (layer < 0 || layer >= shape_.layers)
       return fail(Errc::invalid_argument, "append: layer " + std::to_string(layer) + " out of range [0, " +
@@ -152,13 +172,21 @@ class KVCache {
                                               std::to_string(shape_.head_dim));
     if (n == 0) return {};
     Layer& L = layers_[static_cast<std::size_t>(layer)];
-    if (L.total + n > shape_.max_tokens)
+    if (held(L) + n > shape_.max_tokens)
       return fail(Errc::capacity_exceeded, "append: layer " + std::to_string(layer) + " holds " +
-                                               std::to_string(L.total) + " tokens; " + std::to_string(n) +
+                                               std::to_string(held(L)) + " tokens; " + std::to_string(n) +
                                                " more exceed max_tokens = " + std::to_string(shape_.max_tokens));
     if (Status s = check_finite(layer, L.total, k, "K"); !s) return s;
     if (Status s = check_finite(layer, L.total, v, "V"); !s) return s;
 
+    if constexpr (evicts) {
+      // Eviction caches commit lazily: the previous append's tokens are committed (and may be
+      // evicted) now, so blocks only ever hold tokens older than the current chunk.
+      if constexpr (is_snapkv) {
+        if (!L.compressed && n == 1 && L.total > EvictP::budget) compress_layer(L);
+      }
+      commit(L);
+    }
     L.chunk_k.assign(k.begin(), k.end());
     L.chunk_v.assign(v.begin(), v.end());
     L.chunk_tokens = n;
@@ -173,9 +201,15 @@ class KVCache {
       L.pend_k.insert(L.pend_k.end(), k.begin() + t * row, k.end());
       L.pend_v.insert(L.pend_v.end(), v.begin() + t * row, v.end());
       L.pend_pos.insert(L.pend_pos.end(), positions.begin() + t, positions.end());
+      if constexpr (evicts)
+        for (Head& H : L.heads) H.pend_score.resize(L.pend_pos.size(), 0.f);
     }
     L.total += n;
-    commit(L);
+    if constexpr (evicts) {
+      enforce_budget(L);
+    } else {
+      commit(L);
+    }
     return {};
   }
 
@@ -194,49 +228,43 @@ class KVCache {
       return fail(Errc::invalid_argument, "attend: q has " + std::to_string(q.size()) + " floats and out " +
                                               std::to_string(out.size()) +
                                               "; both must be n_q * q_heads * head_dim with n_q >= 1");
-    const Layer& L = layers_[static_cast<std::size_t>(layer)];
+    Layer& L = layers_[static_cast<std::size_t>(layer)];
     const auto n_q = static_cast<std::int64_t>(q.size() / qrow);
     if (n_q > L.chunk_tokens)
       return fail(Errc::invalid_argument, "attend: layer " + std::to_string(layer) + ": " + std::to_string(n_q) +
                                               " queries but the latest append held " +
                                               std::to_string(L.chunk_tokens) + " tokens");
-    const int D = shape_.head_dim;
     const int group = shape_.q_heads / shape_.kv_heads;
-    const std::int64_t stride = row_floats();
-    const std::int64_t chunk_start = L.total - L.chunk_tokens;
-    const std::int64_t committed_end = L.sinks_held + L.committed;
-    const float scale = shape_.attn_scale > 0.f ? shape_.attn_scale : 1.f / std::sqrt(static_cast<float>(D));
-
     for (int h = 0; h < shape_.kv_heads; ++h) {
-      kernels::HeadSegments seg;
-      const std::int64_t hoff = static_cast<std::int64_t>(h) * D;
-      seg.sinks = {L.sink_k.data() + hoff, L.sink_v.data() + hoff, stride, 0, L.sinks_held};
-      refs_.clear();
-      for (const Block& b : L.blocks[static_cast<std::size_t>(h)]) {
-        const std::int64_t first = L.sinks_held + static_cast<std::int64_t>(refs_.size()) * block_tokens;
-        const std::int64_t count = std::min<std::int64_t>(b.header.count, chunk_start - first);
-        if (count <= 0) break;
-        refs_.push_back({b.data.get(), first, static_cast<int>(count)});
+      kernels::AttendArgs a = args_for(L, h, q.data() + static_cast<std::int64_t>(h) * group * shape_.head_dim,
+                                       out.data() + static_cast<std::int64_t>(h) * group * shape_.head_dim, n_q, group);
+      const kernels::HeadSegments seg = segments(L, h);
+      if constexpr (is_h2o) {
+        mass_.assign(static_cast<std::size_t>(ordinals(seg)), 0.f);
+        a.key_mass = mass_.data();
+        run_kernel(a, seg);
+        credit_mass(L, h, seg);
+      } else {
+        run_kernel(a, seg);
       }
-      seg.blocks = refs_;
-      const std::int64_t pend_count = std::max<std::int64_t>(0, chunk_start - committed_end);
-      seg.pending = {L.pend_k.data() + hoff, L.pend_v.data() + hoff, stride, committed_end, pend_count};
-      const std::int64_t chunk_first = std::max<std::int64_t>(chunk_start, L.sinks_held);
-      const std::int64_t skip = chunk_first - chunk_start;
-      seg.chunk = {L.chunk_k.data() + skip * stride + hoff, L.chunk_v.data() + skip * stride + hoff, stride,
-                   chunk_first, L.total - chunk_first};
-      kernels::AttendArgs a;
-      a.head_dim = D;
-      a.group = group;
-      a.n_q = static_cast<int>(n_q);
-      a.q_first = L.total - n_q;
-      a.scale = scale;
-      a.q = q.data() + static_cast<std::int64_t>(h) * group * D;
-      a.q_stride = static_cast<std::int64_t>(qrow);
-      a.out = out.data() + static_cast<std::int64_t>(h) * group * D;
-      a.out_stride = static_cast<std::int64_t>(qrow);
-      kernels::attend_scalar<key_codec, value_codec, keys_per_channel>(a, seg, layout_, scratch_);
     }
+    if constexpr (is_snapkv) {
+      if (!L.compressed) remember_queries(L, q, n_q);
+    }
+    return {};
+  }
+
+  /// SnapKV only: compresses `layer`'s prompt now (normally done by the first decode append).
+  /// Errc::invalid_argument when the layer was already compressed or holds no recorded queries.
+  Status compress_prompt(int layer)
+    requires(is_snapkv)
+  {
+    if (layer < 0 || layer >= shape_.layers) return fail(Errc::invalid_argument, "compress_prompt: layer out of range");
+    Layer& L = layers_[static_cast<std::size_t>(layer)];
+    if (L.compressed || L.obs_q.empty())
+      return fail(Errc::invalid_argument, "compress_prompt: layer " + std::to_string(layer) +
+                                              " is already compressed or has no observation-window queries");
+    compress_layer(L);
     return {};
   }
 
@@ -245,19 +273,29 @@ class KVCache {
     wipe();
     layers_.clear();
     layers_.resize(static_cast<std::size_t>(shape_.layers));
-    for (Layer& L : layers_) L.blocks.resize(static_cast<std::size_t>(shape_.kv_heads));
+    for (Layer& L : layers_) L.heads.resize(static_cast<std::size_t>(shape_.kv_heads));
   }
 
-  /// Bytes of KV data held now, all layers: used bytes of quantized blocks (codes, scales,
+  /// Bytes of KV data held now, all layers: used bytes of quantized tokens (codes, scales,
   /// zero-points, positions) plus one 16-byte BlockHeader per block, plus full-precision rows
   /// (sinks, pending/residual tokens: 8 bytes per channel for K and V, 4 bytes of position per
-  /// token). Transient working copies (the latest chunk, kernel scratch) are not included.
+  /// token). Eviction caches add their bookkeeping: per block one validity bit per slot (in
+  /// 64-bit words), per slot its token index and score (8 bytes), per pending token and KV head
+  /// its score (4 bytes). Transient working copies (the latest chunk, kernel scratch) are not
+  /// included.
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
     std::size_t total = 0;
     const std::size_t fp_row = row_floats() * 2 * sizeof(float) + sizeof(std::int32_t);
     for (const Layer& L : layers_) {
-      for (const auto& head : L.blocks)
-        for (const Block& b : head) total += layout_.used_bytes(b.header.count) + sizeof(BlockHeader);
+      for (const Head& H : L.heads) {
+        if constexpr (evicts) {
+          total += static_cast<std::size_t>(H.live) * layout_.used_bytes(1) +
+                   H.blocks.size() * (sizeof(BlockHeader) + words_per_block * sizeof(std::uint64_t)) +
+                   H.slot_token.size() * (sizeof(std::int32_t) + sizeof(float)) + H.pend_score.size() * sizeof(float);
+        } else {
+          for (const Block& b : H.blocks) total += layout_.used_bytes(b.header.count) + sizeof(BlockHeader);
+        }
+      }
       total += static_cast<std::size_t>(L.sinks_held) * fp_row + L.pend_pos.size() * fp_row;
     }
     return total;
@@ -267,76 +305,132 @@ class KVCache {
   [[nodiscard]] std::size_t allocated_bytes() const noexcept {
     std::size_t total = 0;
     for (const Layer& L : layers_) {
-      for (const auto& head : L.blocks) total += head.size() * (layout_.bytes + sizeof(BlockHeader));
+      for (const Head& H : L.heads)
+        total += H.blocks.size() * (layout_.bytes + sizeof(BlockHeader)) + H.valid.capacity() * sizeof(std::uint64_t) +
+                 (H.slot_token.capacity() + H.slot_score.capacity() + H.pend_score.capacity()) * 4;
       total += (L.sink_k.capacity() + L.sink_v.capacity() + L.pend_k.capacity() + L.pend_v.capacity() +
-                L.chunk_k.capacity() + L.chunk_v.capacity()) * sizeof(float) +
+                L.chunk_k.capacity() + L.chunk_v.capacity() + L.obs_q.capacity()) * sizeof(float) +
                (L.sink_pos.capacity() + L.pend_pos.capacity()) * sizeof(std::int32_t);
     }
     return total;
   }
 
-  /// Tokens appended to `layer` so far (0 for an out-of-range layer).
+  /// Tokens appended to `layer` so far, evicted ones included (0 for an out-of-range layer).
   [[nodiscard]] std::int64_t tokens(int layer) const noexcept {
     return layer >= 0 && layer < shape_.layers ? layers_[static_cast<std::size_t>(layer)].total : 0;
   }
-  /// Tokens of `layer` stored quantized in blocks (the rest are full precision).
+  /// Tokens of `layer` currently held by KV head `kv_head` (after eviction).
+  [[nodiscard]] std::int64_t held_tokens(int layer, int kv_head = 0) const noexcept {
+    if (layer < 0 || layer >= shape_.layers || kv_head < 0 || kv_head >= shape_.kv_heads) return 0;
+    const Layer& L = layers_[static_cast<std::size_t>(layer)];
+    const Head& H = L.heads[static_cast<std::size_t>(kv_head)];
+    return L.sinks_held + (evicts ? H.live : L.committed) + static_cast<std::int64_t>(L.pend_pos.size());
+  }
+  /// Tokens of `layer` stored quantized in blocks (the rest are full precision); KV head 0.
   [[nodiscard]] std::int64_t quantized_tokens(int layer) const noexcept {
-    return layer >= 0 && layer < shape_.layers ? layers_[static_cast<std::size_t>(layer)].committed : 0;
+    if (layer < 0 || layer >= shape_.layers) return 0;
+    const Layer& L = layers_[static_cast<std::size_t>(layer)];
+    return evicts ? L.heads[0].live : L.committed;
   }
   [[nodiscard]] const ModelShape& shape() const noexcept { return shape_; }
   [[nodiscard]] const BlockLayout& block_layout() const noexcept { return layout_; }
 
-  /// The quantized blocks of (layer, kv_head), oldest first (block b holds cache indices
-  /// [sinks + b * block_tokens, ...)). Empty span for out-of-range arguments.
+  /// The quantized blocks of (layer, kv_head), oldest first. Without eviction, block b holds cache
+  /// indices [sinks + b * block_tokens, ...); with eviction, slots are reused (see read_back for
+  /// the tokens they hold). Empty span for out-of-range arguments.
   [[nodiscard]] std::span<const Block> blocks(int layer, int kv_head) const noexcept {
     if (layer < 0 || layer >= shape_.layers || kv_head < 0 || kv_head >= shape_.kv_heads) return {};
-    return layers_[static_cast<std::size_t>(layer)].blocks[static_cast<std::size_t>(kv_head)];
+    return layers_[static_cast<std::size_t>(layer)].heads[static_cast<std::size_t>(kv_head)].blocks;
   }
 
-  /// Decodes everything (layer, kv_head) holds, in cache order, as attention reads it (except
-  /// that attention reads the latest chunk exactly). Errc::invalid_argument for bad indices.
+  /// Decodes everything (layer, kv_head) holds as attention reads it (except that attention reads
+  /// the latest chunk exactly), sorted by cache index; `indices` gives each row's cache index.
+  /// Errc::invalid_argument for bad indices.
   [[nodiscard]] Result<HeadContents> read_back(int layer, int kv_head) const {
     if (layer < 0 || layer >= shape_.layers || kv_head < 0 || kv_head >= shape_.kv_heads)
       return fail(Errc::invalid_argument, "read_back: layer or kv_head out of range");
     const Layer& L = layers_[static_cast<std::size_t>(layer)];
+    const Head& H = L.heads[static_cast<std::size_t>(kv_head)];
     const std::size_t D = static_cast<std::size_t>(shape_.head_dim);
     const std::size_t stride = row_floats();
     const std::size_t hoff = static_cast<std::size_t>(kv_head) * D;
     HeadContents c;
-    auto exact = [&](const std::vector<float>& ks, const std::vector<float>& vs, std::size_t count) {
-      for (std::size_t t = 0; t < count; ++t) {
+    auto exact = [&](const std::vector<float>& ks, const std::vector<float>& vs, const std::vector<std::int32_t>& pos,
+                     std::int64_t first) {
+      for (std::size_t t = 0; t < pos.size(); ++t) {
         c.k.insert(c.k.end(), ks.begin() + static_cast<std::ptrdiff_t>(t * stride + hoff),
                    ks.begin() + static_cast<std::ptrdiff_t>(t * stride + hoff + D));
         c.v.insert(c.v.end(), vs.begin() + static_cast<std::ptrdiff_t>(t * stride + hoff),
                    vs.begin() + static_cast<std::ptrdiff_t>(t * stride + hoff + D));
+        c.positions.push_back(pos[t]);
+        c.indices.push_back(first + static_cast<std::int64_t>(t));
       }
     };
-    exact(L.sink_k, L.sink_v, static_cast<std::size_t>(L.sinks_held));
-    c.positions = L.sink_pos;
+    exact(L.sink_k, L.sink_v, L.sink_pos, 0);
     kernels::Scratch s;
     s.ensure(1, shape_.head_dim, block_tokens);
-    for (const Block& b : L.blocks[static_cast<std::size_t>(kv_head)]) {
+    std::vector<std::pair<std::int64_t, std::size_t>> order;  // (cache index, row in tmp) for eviction caches
+    std::vector<float> tk, tv;
+    std::vector<std::int32_t> tp;
+    for (std::size_t bi = 0; bi < H.blocks.size(); ++bi) {
+      const Block& b = H.blocks[bi];
       kernels::scalar_detail::dequantize_block<key_codec, value_codec, keys_per_channel>(
-          layout_, kernels::BlockRef{b.data.get(), 0, b.header.count}, s);
-      c.k.insert(c.k.end(), s.k_tile.begin(), s.k_tile.begin() + static_cast<std::ptrdiff_t>(b.header.count * D));
-      c.v.insert(c.v.end(), s.v_tile.begin(), s.v_tile.begin() + static_cast<std::ptrdiff_t>(b.header.count * D));
+          layout_, kernels::BlockRef{b.data.get(), 0, b.header.count, nullptr}, s);
       const auto* pos = reinterpret_cast<const std::int32_t*>(b.data.get() + layout_.positions);
-      c.positions.insert(c.positions.end(), pos, pos + b.header.count);
+      for (std::size_t t = 0; t < b.header.count; ++t) {
+        const std::size_t slot = bi * static_cast<std::size_t>(block_tokens) + t;
+        std::int64_t index = L.sinks_held + static_cast<std::int64_t>(slot);
+        if constexpr (evicts) {
+          if (H.slot_token[slot] < 0) continue;
+          index = H.slot_token[slot];
+        }
+        order.emplace_back(index, tp.size());
+        tk.insert(tk.end(), s.k_tile.begin() + static_cast<std::ptrdiff_t>(t * D), s.k_tile.begin() + static_cast<std::ptrdiff_t>((t + 1) * D));
+        tv.insert(tv.end(), s.v_tile.begin() + static_cast<std::ptrdiff_t>(t * D), s.v_tile.begin() + static_cast<std::ptrdiff_t>((t + 1) * D));
+        tp.push_back(pos[t]);
+      }
     }
-    exact(L.pend_k, L.pend_v, L.pend_pos.size());
-    c.positions.insert(c.positions.end(), L.pend_pos.begin(), L.pend_pos.end());
+    std::sort(order.begin(), order.end());
+    for (const auto& [index, r] : order) {
+      c.k.insert(c.k.end(), tk.begin() + static_cast<std::ptrdiff_t>(r * D), tk.begin() + static_cast<std::ptrdiff_t>((r + 1) * D));
+      c.v.insert(c.v.end(), tv.begin() + static_cast<std::ptrdiff_t>(r * D), tv.begin() + static_cast<std::ptrdiff_t>((r + 1) * D));
+      c.positions.push_back(tp[r]);
+      c.indices.push_back(index);
+    }
+    exact(L.pend_k, L.pend_v, L.pend_pos, L.total - static_cast<std::int64_t>(L.pend_pos.size()));
     return c;
   }
 
  private:
+  static constexpr std::size_t words_per_block = (static_cast<std::size_t>(block_tokens) + 63) / 64;
+
+  struct Head {
+    std::vector<Block> blocks;
+    // Eviction caches only: slot bookkeeping (slot = block * block_tokens + offset).
+    std::vector<std::uint64_t> valid;       // words_per_block words per block; bit set = live slot
+    std::vector<std::int32_t> slot_token;   // cache index held by each slot, -1 when free
+    std::vector<float> slot_score;          // cumulative attention mass (H2O) / SnapKV scores
+    std::vector<std::int32_t> free_slots;   // reusable slots
+    std::deque<std::int32_t> fifo;          // SinkWindow: evictable slots, oldest first
+    std::vector<float> pend_score;          // score of each pending token (parallel to pend_pos)
+    std::int64_t live = 0;                  // live slots
+
+    Head() = default;
+    Head(Head&&) noexcept = default;  // vector<Head> must move, never copy, its blocks
+    Head& operator=(Head&&) noexcept = default;
+  };
+
   struct Layer {
     std::vector<float> sink_k, sink_v;          // [sinks_held][kv_heads][D]
     std::vector<std::int32_t> sink_pos;
     std::vector<float> pend_k, pend_v;          // [pending][kv_heads][D], oldest first
     std::vector<std::int32_t> pend_pos;
     std::vector<float> chunk_k, chunk_v;        // exact copy of the latest append
-    std::vector<std::vector<Block>> blocks;     // [kv_head][block]
+    std::vector<Head> heads;                    // [kv_head]
+    std::vector<float> obs_q;                   // SnapKV: last queries, [n][q_heads][D]
+    std::int64_t obs_first = 0;                 // cache index of obs_q's first row
     std::int64_t sinks_held = 0, committed = 0, total = 0, chunk_tokens = 0;
+    bool compressed = false;                    // SnapKV: prompt already compressed
   };
 
   explicit KVCache(const ModelShape& shape)
@@ -346,6 +440,16 @@ class KVCache {
 
   [[nodiscard]] std::size_t row_floats() const noexcept {
     return static_cast<std::size_t>(shape_.kv_heads) * static_cast<std::size_t>(shape_.head_dim);
+  }
+  // Tokens held by the layer (the largest over KV heads).
+  [[nodiscard]] std::int64_t held(const Layer& L) const noexcept {
+    if constexpr (evicts) {
+      std::int64_t live = 0;
+      for (const Head& H : L.heads) live = std::max(live, H.live);
+      return L.sinks_held + live + static_cast<std::int64_t>(L.pend_pos.size());
+    } else {
+      return L.total;
+    }
   }
 
   Status check_finite(int layer, std::int64_t first_index, std::span<const float> x, const char* what) const {
@@ -363,6 +467,99 @@ class KVCache {
     return {};
   }
 
+  // ---- attention plumbing ----------------------------------------------------------------------
+
+  kernels::AttendArgs args_for(const Layer& L, int h, const float* q, float* out, std::int64_t n_q, int group) const {
+    (void)h;
+    kernels::AttendArgs a;
+    a.head_dim = shape_.head_dim;
+    a.group = group;
+    a.n_q = static_cast<int>(n_q);
+    a.q_first = L.total - n_q;
+    a.scale = shape_.attn_scale > 0.f ? shape_.attn_scale : 1.f / std::sqrt(static_cast<float>(shape_.head_dim));
+    a.q = q;
+    a.q_stride = static_cast<std::int64_t>(shape_.q_heads) * shape_.head_dim;
+    a.out = out;
+    a.out_stride = a.q_stride;
+    return a;
+  }
+
+  // Segments of KV head h: sinks, blocks (masked for eviction caches), pending before the latest
+  // chunk, and the latest chunk (exact). Fills refs_.
+  kernels::HeadSegments segments(const Layer& L, int h) {
+    const int D = shape_.head_dim;
+    const std::int64_t stride = static_cast<std::int64_t>(row_floats());
+    const std::int64_t hoff = static_cast<std::int64_t>(h) * D;
+    const std::int64_t chunk_start = L.total - L.chunk_tokens;
+    const Head& H = L.heads[static_cast<std::size_t>(h)];
+    kernels::HeadSegments seg;
+    seg.sinks = {L.sink_k.data() + hoff, L.sink_v.data() + hoff, stride, 0, L.sinks_held};
+    refs_.clear();
+    const auto pend_n = static_cast<std::int64_t>(L.pend_pos.size());
+    const std::int64_t pend_first = L.total - pend_n;
+    if constexpr (evicts) {
+      const auto n_slots = static_cast<std::int64_t>(H.slot_token.size());
+      for (std::size_t b = 0; b < H.blocks.size(); ++b) {
+        const std::uint64_t* w = H.valid.data() + b * words_per_block;
+        bool any = false;
+        for (std::size_t i = 0; i < words_per_block; ++i) any |= w[i] != 0;
+        const std::int64_t count =
+            any ? std::min<std::int64_t>(block_tokens, n_slots - static_cast<std::int64_t>(b) * block_tokens) : 0;
+        refs_.push_back({H.blocks[b].data.get(), 0, static_cast<int>(count), w});  // count 0: skipped unread
+      }
+    } else {
+      for (const Block& b : H.blocks) {
+        const std::int64_t first = L.sinks_held + static_cast<std::int64_t>(refs_.size()) * block_tokens;
+        const std::int64_t count = std::min<std::int64_t>(b.header.count, chunk_start - first);
+        if (count <= 0) break;
+        refs_.push_back({b.data.get(), first, static_cast<int>(count), nullptr});
+      }
+    }
+    seg.blocks = refs_;
+    const std::int64_t pend_count = std::max<std::int64_t>(0, chunk_start - pend_first);
+    seg.pending = {L.pend_k.data() + hoff, L.pend_v.data() + hoff, stride, pend_first, std::min(pend_count, pend_n)};
+    const std::int64_t chunk_first = std::max<std::int64_t>(chunk_start, L.sinks_held);
+    const std::int64_t skip = chunk_first - chunk_start;
+    seg.chunk = {L.chunk_k.data() + skip * stride + hoff, L.chunk_v.data() + skip * stride + hoff, stride, chunk_first,
+                 L.total - chunk_first};
+    return seg;
+  }
+
+  [[nodiscard]] static std::int64_t ordinals(const kernels::HeadSegments& seg) noexcept {
+    return seg.sinks.count + static_cast<std::int64_t>(seg.blocks.size()) * block_tokens + seg.pending.count +
+           seg.chunk.count;
+  }
+
+  void run_kernel(const kernels::AttendArgs& a, const kernels::HeadSegments& seg) {
+    kernels::attend_scalar<key_codec, value_codec, keys_per_channel>(a, seg, layout_, scratch_);
+  }
+
+  // Adds mass_ (ordinal layout of AttendArgs::key_mass) to slot and pending scores of head h.
+  void credit_mass(Layer& L, int h, const kernels::HeadSegments& seg) {
+    Head& H = L.heads[static_cast<std::size_t>(h)];
+    std::int64_t o = seg.sinks.count;
+    const auto n_slots = static_cast<std::int64_t>(H.slot_score.size());
+    for (std::size_t b = 0; b < seg.blocks.size(); ++b, o += block_tokens)
+      for (std::int64_t t = 0; t < seg.blocks[b].count; ++t) {
+        const std::int64_t slot = static_cast<std::int64_t>(b) * block_tokens + t;
+        if (slot < n_slots) H.slot_score[static_cast<std::size_t>(slot)] += mass_[static_cast<std::size_t>(o + t)];
+      }
+    // Pending rows then chunk rows are consecutive pending tokens (the chunk is the pending tail).
+    const std::int64_t pend_first_ord = seg.sinks.count + static_cast<std::int64_t>(seg.blocks.size()) * block_tokens;
+    const std::int64_t pend_first_index = L.total - static_cast<std::int64_t>(L.pend_pos.size());
+    auto credit = [&](const kernels::ExactRows& r, std::int64_t ord) {
+      for (std::int64_t t = 0; t < r.count; ++t) {
+        const std::int64_t p = r.first + t - pend_first_index;
+        if (p >= 0 && p < static_cast<std::int64_t>(H.pend_score.size()))
+          H.pend_score[static_cast<std::size_t>(p)] += mass_[static_cast<std::size_t>(ord + t)];
+      }
+    };
+    credit(seg.pending, pend_first_ord);
+    credit(seg.chunk, pend_first_ord + seg.pending.count);
+  }
+
+  // ---- commit and eviction -----------------------------------------------------------------------
+
   // Quantizes the oldest pending tokens beyond the residual window into blocks, in whole commit
   // units (1 token, or one key group of tokens for per-channel keys).
   void commit(Layer& L) {
@@ -373,23 +570,36 @@ class KVCache {
     const std::size_t D = static_cast<std::size_t>(shape_.head_dim);
     const std::size_t stride = row_floats();
     const BlockLayout& BL = layout_;
+    const std::int64_t first_index = L.total - pending;
     for (std::int64_t t0 = 0; t0 < n_commit; t0 += unit) {
-      const std::int64_t slot = L.committed % block_tokens;
       for (int h = 0; h < shape_.kv_heads; ++h) {
-        auto& head_blocks = L.blocks[static_cast<std::size_t>(h)];
-        if (slot == 0) head_blocks.push_back(new_block());
-        Block& b = head_blocks.back();
-        std::byte* d = b.data.get();
+        Head& H = L.heads[static_cast<std::size_t>(h)];
         const std::size_t hoff = static_cast<std::size_t>(h) * D;
+        std::int64_t slot;
+        if constexpr (evicts) {
+          slot = take_slot(H);
+          const auto su = static_cast<std::size_t>(slot);
+          H.valid[su / block_tokens * words_per_block + (su % block_tokens) / 64] |= std::uint64_t{1} << ((su % block_tokens) % 64);
+          H.slot_token[su] = static_cast<std::int32_t>(first_index + t0);
+          H.slot_score[su] = H.pend_score[static_cast<std::size_t>(t0)];
+          if (first_index + t0 >= EvictP::sink_tokens) H.fifo.push_back(static_cast<std::int32_t>(slot));
+          ++H.live;
+        } else {
+          slot = L.committed;
+          if (slot % block_tokens == 0) H.blocks.push_back(new_block());
+        }
+        Block& b = H.blocks[static_cast<std::size_t>(slot / block_tokens)];
+        const auto off = static_cast<std::size_t>(slot % block_tokens);
+        std::byte* d = b.data.get();
         if constexpr (keys_per_channel) {
           encode_channels<key_codec>(L.pend_k.data() + static_cast<std::size_t>(t0) * stride + hoff,
                                      static_cast<std::ptrdiff_t>(stride), static_cast<int>(D),
-                                     d + BL.k_codes + static_cast<std::size_t>(slot) * BL.k_row, BL.k_row,
-                                     d + BL.k_meta + static_cast<std::size_t>(slot / unit) * BL.k_meta_group);
+                                     d + BL.k_codes + off * BL.k_row, BL.k_row,
+                                     d + BL.k_meta + off / static_cast<std::size_t>(unit) * BL.k_meta_group);
         }
         for (std::int64_t u = 0; u < unit; ++u) {
           const auto t = static_cast<std::size_t>(t0 + u);
-          const auto s = static_cast<std::size_t>(slot + u);
+          const auto s = off + static_cast<std::size_t>(u);
           if constexpr (!keys_per_channel)
             encode_row<key_codec>(L.pend_k.data() + t * stride + hoff, static_cast<int>(D), d + BL.k_codes + s * BL.k_row,
                                   d + BL.k_meta + s * BL.k_meta_token);
@@ -397,8 +607,11 @@ class KVCache {
                                   d + BL.v_meta + s * BL.v_meta_token);
           std::memcpy(d + BL.positions + s * sizeof(std::int32_t), &L.pend_pos[t], sizeof(std::int32_t));
         }
-        b.header.count = static_cast<std::uint16_t>(b.header.count + unit);
+        if (!evicts || off + static_cast<std::size_t>(unit) > b.header.count)
+          b.header.count = static_cast<std::uint16_t>(std::max<std::size_t>(b.header.count, off + static_cast<std::size_t>(unit)));
         ++b.header.version;
+        // Evict as we go, so a long prefill reuses slots instead of growing the pool past the budget.
+        if constexpr (evicts) enforce_budget(L, H, pending - (t0 + unit));
       }
       L.committed += unit;
     }
@@ -411,6 +624,182 @@ class KVCache {
     L.pend_k.resize(L.pend_k.size() - nf);
     L.pend_v.resize(L.pend_v.size() - nf);
     L.pend_pos.erase(L.pend_pos.begin(), L.pend_pos.begin() + n_commit);
+    if constexpr (evicts)
+      for (Head& H : L.heads) H.pend_score.erase(H.pend_score.begin(), H.pend_score.begin() + n_commit);
+  }
+
+  // A free slot (reused first), growing the slot pool by one block when needed.
+  std::int64_t take_slot(Head& H) {
+    if (!H.free_slots.empty()) {
+      const std::int32_t s = H.free_slots.back();
+      H.free_slots.pop_back();
+      return s;
+    }
+    const auto s = static_cast<std::int64_t>(H.slot_token.size());
+    if (s % block_tokens == 0) {
+      H.blocks.push_back(new_block());
+      H.valid.resize(H.valid.size() + words_per_block, 0);
+    }
+    H.slot_token.push_back(-1);
+    H.slot_score.push_back(0.f);
+    return s;
+  }
+
+  void evict_slot(Head& H, std::int64_t slot) {
+    const auto su = static_cast<std::size_t>(slot);
+    H.valid[su / block_tokens * words_per_block + (su % block_tokens) / 64] &= ~(std::uint64_t{1} << ((su % block_tokens) % 64));
+    std::byte* d = H.blocks[su / block_tokens].data.get();
+    const std::size_t off = su % block_tokens;
+    detail::secure_zero(d + layout_.k_codes + off * layout_.k_row, layout_.k_row);
+    detail::secure_zero(d + layout_.k_meta + off * layout_.k_meta_token, layout_.k_meta_token);
+    detail::secure_zero(d + layout_.v_codes + off * layout_.v_row, layout_.v_row);
+    detail::secure_zero(d + layout_.v_meta + off * layout_.v_meta_token, layout_.v_meta_token);
+    detail::secure_zero(d + layout_.positions + off * sizeof(std::int32_t), sizeof(std::int32_t));
+    ++H.blocks[su / block_tokens].header.version;
+    H.slot_token[su] = -1;
+    H.slot_score[su] = 0.f;
+    H.free_slots.push_back(static_cast<std::int32_t>(slot));
+    --H.live;
+  }
+
+  // SinkWindow / H2O: evict committed tokens until the layer holds at most the budget.
+  void enforce_budget(Layer& L) {
+    for (Head& H : L.heads) enforce_budget(L, H, static_cast<std::int64_t>(L.pend_pos.size()));
+  }
+
+  // Evicts from head H until sinks + live slots + `pend` pending tokens fit the budget (or only
+  // sinks, recent and pending tokens are left).
+  void enforce_budget(Layer& L, Head& H, std::int64_t pend) {
+    if constexpr (is_sink_window || is_h2o) {
+      const std::int64_t recent_from = L.total - EvictP::recent_tokens;  // tokens at or after: recent
+      while (L.sinks_held + H.live + pend > EvictP::budget) {
+        std::int64_t victim = -1;
+        if constexpr (is_sink_window) {
+          while (!H.fifo.empty() && H.slot_token[static_cast<std::size_t>(H.fifo.front())] < 0) H.fifo.pop_front();
+          if (!H.fifo.empty() && H.slot_token[static_cast<std::size_t>(H.fifo.front())] < recent_from) {
+            victim = H.fifo.front();
+            H.fifo.pop_front();
+          }
+        } else {
+          for (std::size_t s = 0; s < H.slot_token.size(); ++s) {
+            const std::int32_t tok = H.slot_token[s];
+            if (tok < EvictP::sink_tokens || tok >= recent_from) continue;  // free, sink or recent
+            if (victim < 0 || H.slot_score[s] < H.slot_score[static_cast<std::size_t>(victim)] ||
+                (H.slot_score[s] == H.slot_score[static_cast<std::size_t>(victim)] &&
+                 tok < H.slot_token[static_cast<std::size_t>(victim)]))
+              victim = static_cast<std::int64_t>(s);
+          }
+        }
+        if (victim < 0) break;
+        evict_slot(H, victim);
+      }
+    } else {
+      (void)L, (void)H, (void)pend;
+    }
+  }
+
+  // SnapKV: remembers the latest queries (up to the observation window) of a layer.
+  void remember_queries(Layer& L, std::span<const float> q, std::int64_t n_q) {
+    const std::size_t qrow = static_cast<std::size_t>(shape_.q_heads) * static_cast<std::size_t>(shape_.head_dim);
+    const std::int64_t first = L.total - n_q;
+    const auto have = static_cast<std::int64_t>(L.obs_q.size() / qrow);
+    if (have == 0 || L.obs_first + have != first) {  // not contiguous with what we had: restart
+      L.obs_q.clear();
+      L.obs_first = first;
+    }
+    L.obs_q.insert(L.obs_q.end(), q.begin(), q.end());
+    const auto rows = static_cast<std::int64_t>(L.obs_q.size() / qrow);
+    if (rows > EvictP::window) {
+      const auto drop = static_cast<std::size_t>(rows - EvictP::window) * qrow;
+      L.obs_q.erase(L.obs_q.begin(), L.obs_q.begin() + static_cast<std::ptrdiff_t>(drop));
+      L.obs_first += rows - EvictP::window;
+    }
+  }
+
+  // SnapKV: score the prompt with the remembered observation-window queries, keep the top budget
+  // per KV head plus the window, and compact the survivors into dense blocks.
+  void compress_layer(Layer& L) {
+    if constexpr (is_snapkv) {
+      const int group = shape_.q_heads / shape_.kv_heads;
+      const std::size_t qrow = static_cast<std::size_t>(shape_.q_heads) * static_cast<std::size_t>(shape_.head_dim);
+      const auto n_obs = static_cast<std::int64_t>(L.obs_q.size() / qrow);
+      std::vector<std::vector<float>> head_mass(static_cast<std::size_t>(shape_.kv_heads));
+      std::vector<float> out(static_cast<std::size_t>(n_obs) * qrow);
+      // The queries sit at cache indices obs_first..; make them the "latest chunk" for causality.
+      const std::int64_t saved_chunk = L.chunk_tokens;
+      L.chunk_tokens = std::min<std::int64_t>(static_cast<std::int64_t>(L.pend_pos.size()), L.total - L.obs_first);
+      for (int h = 0; h < shape_.kv_heads && n_obs > 0; ++h) {
+        const kernels::HeadSegments seg = segments(L, h);
+        std::vector<float>& agg = head_mass[static_cast<std::size_t>(h)];
+        agg.assign(static_cast<std::size_t>(ordinals(seg)), 0.f);
+        for (int j = 0; j < group; ++j) {  // one query head at a time: mean or max over the group
+          const std::int64_t qoff = (static_cast<std::int64_t>(h) * group + j) * shape_.head_dim;
+          kernels::AttendArgs a = args_for(L, h, L.obs_q.data() + qoff, out.data() + qoff, n_obs, 1);
+          a.q_first = L.obs_first;
+          mass_.assign(agg.size(), 0.f);
+          a.key_mass = mass_.data();
+          run_kernel(a, seg);
+          for (std::size_t o = 0; o < agg.size(); ++o)
+            agg[o] = EvictP::aggregate == GroupAggregate::max ? std::max(agg[o], mass_[o]) : agg[o] + mass_[o] / group;
+        }
+        mass_ = agg;
+        for (float& x : L.heads[static_cast<std::size_t>(h)].slot_score) x = 0.f;
+        for (float& x : L.heads[static_cast<std::size_t>(h)].pend_score) x = 0.f;
+        credit_mass(L, h, seg);
+      }
+      L.chunk_tokens = saved_chunk;
+      commit(L);  // the prompt's pending tokens take slots (carrying their scores) before selection
+      const std::int64_t window_from = L.total - EvictP::window;
+      for (Head& H : L.heads) {
+        std::vector<std::pair<std::int32_t, std::int32_t>> cand;  // (token, slot) outside the window
+        for (std::size_t s = 0; s < H.slot_token.size(); ++s)
+          if (H.slot_token[s] >= 0 && H.slot_token[s] < window_from)
+            cand.emplace_back(H.slot_token[s], static_cast<std::int32_t>(s));
+        std::sort(cand.begin(), cand.end());
+        std::vector<float> raw(cand.size());
+        for (std::size_t i = 0; i < cand.size(); ++i) raw[i] = H.slot_score[static_cast<std::size_t>(cand[i].second)];
+        const auto keep = ::kvpack::eviction::snapkv_select(raw, EvictP::kernel, EvictP::budget - EvictP::window);
+        std::vector<char> kept(cand.size(), 0);
+        for (std::int64_t i : keep) kept[static_cast<std::size_t>(i)] = 1;
+        for (std::size_t i = 0; i < cand.size(); ++i)
+          if (!kept[i]) evict_slot(H, cand[i].second);
+        compact(H);
+      }
+      L.compressed = true;
+      detail::wipe_vector(L.obs_q);
+    }
+  }
+
+  // Rewrites the live slots of H densely, in cache-index order, into fresh blocks; frees the rest.
+  void compact(Head& H) {
+    std::vector<std::pair<std::int32_t, std::int32_t>> live;  // (token, slot)
+    for (std::size_t s = 0; s < H.slot_token.size(); ++s)
+      if (H.slot_token[s] >= 0) live.emplace_back(H.slot_token[s], static_cast<std::int32_t>(s));
+    std::sort(live.begin(), live.end());
+    Head fresh;
+    const BlockLayout& BL = layout_;
+    for (const auto& [tok, slot] : live) {
+      const std::int64_t ns = take_slot(fresh);
+      const auto src_off = static_cast<std::size_t>(slot % block_tokens), dst_off = static_cast<std::size_t>(ns % block_tokens);
+      const std::byte* src = H.blocks[static_cast<std::size_t>(slot / block_tokens)].data.get();
+      Block& db = fresh.blocks[static_cast<std::size_t>(ns / block_tokens)];
+      std::byte* dst = db.data.get();
+      std::memcpy(dst + BL.k_codes + dst_off * BL.k_row, src + BL.k_codes + src_off * BL.k_row, BL.k_row);
+      std::memcpy(dst + BL.k_meta + dst_off * BL.k_meta_token, src + BL.k_meta + src_off * BL.k_meta_token, BL.k_meta_token);
+      std::memcpy(dst + BL.v_codes + dst_off * BL.v_row, src + BL.v_codes + src_off * BL.v_row, BL.v_row);
+      std::memcpy(dst + BL.v_meta + dst_off * BL.v_meta_token, src + BL.v_meta + src_off * BL.v_meta_token, BL.v_meta_token);
+      std::memcpy(dst + BL.positions + dst_off * 4, src + BL.positions + src_off * 4, 4);
+      db.header.count = static_cast<std::uint16_t>(dst_off + 1);
+      const auto su = static_cast<std::size_t>(ns);
+      fresh.valid[su / block_tokens * words_per_block + (su % block_tokens) / 64] |= std::uint64_t{1} << ((su % block_tokens) % 64);
+      fresh.slot_token[su] = tok;
+      fresh.slot_score[su] = H.slot_score[static_cast<std::size_t>(slot)];
+      if (tok >= EvictP::sink_tokens) fresh.fifo.push_back(static_cast<std::int32_t>(ns));
+      ++fresh.live;
+    }
+    for (Block& b : H.blocks) detail::secure_zero(b.data.get(), layout_.bytes);
+    fresh.pend_score = std::move(H.pend_score);
+    H = std::move(fresh);
   }
 
   [[nodiscard]] Block new_block() const {
@@ -427,8 +816,8 @@ class KVCache {
 
   void wipe() noexcept {
     for (Layer& L : layers_) {
-      for (auto& head : L.blocks)
-        for (Block& b : head)
+      for (Head& H : L.heads)
+        for (Block& b : H.blocks)
           if (b.data) detail::secure_zero(b.data.get(), layout_.bytes);
       detail::wipe_vector(L.sink_k);
       detail::wipe_vector(L.sink_v);
@@ -436,6 +825,7 @@ class KVCache {
       detail::wipe_vector(L.pend_v);
       detail::wipe_vector(L.chunk_k);
       detail::wipe_vector(L.chunk_v);
+      detail::wipe_vector(L.obs_q);
       detail::wipe_vector(L.sink_pos);
       detail::wipe_vector(L.pend_pos);
     }
@@ -447,6 +837,7 @@ class KVCache {
   std::vector<Layer> layers_;
   kernels::Scratch scratch_;
   std::vector<kernels::BlockRef> refs_;
+  std::vector<float> mass_;
 };
 
 }  // namespace kvpack

@@ -19,6 +19,7 @@ struct sinks {};
 struct residual {};
 struct blocks {};
 struct backend {};
+struct eviction {};
 }  // namespace role
 
 /// Key grouping axis: groups run along head_dim within each token (per-token, the default).

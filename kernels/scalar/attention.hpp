@@ -31,11 +31,16 @@ struct ExactRows {
   std::int64_t count = 0;
 };
 
-/// A quantized block of one KV head: payload laid out as BlockLayout, tokens [first, first + count).
+/// A quantized block of one KV head: payload laid out as BlockLayout. Without a mask, its first
+/// `count` slots hold tokens with cache indices [first, first + count), masked causally. With a
+/// mask (eviction caches), slot t is read iff bit t % 64 of valid[t / 64] is set, and every
+/// masked-in slot is visible to every query (the cache only masks in tokens older than the
+/// queries); `first` is then unused.
 struct BlockRef {
   const std::byte* data = nullptr;
   std::int64_t first = 0;
   int count = 0;
+  const std::uint64_t* valid = nullptr;
 };
 
 /// Everything one KV head holds, in cache-index order.
@@ -49,6 +54,12 @@ struct HeadSegments {
 /// Queries and outputs of one GQA group. Query i (cache index q_first + i), group head j:
 /// q + i * q_stride + j * head_dim; out likewise with out_stride. Causal: a query sees keys whose
 /// cache index is <= its own.
+///
+/// key_mass (optional, for heavy-hitter eviction): when non-null, the kernel adds to
+/// key_mass[ordinal] the attention probability each key received, summed over the n_q queries and
+/// the group's query heads. Ordinals: sinks rows first, then block i slot t at
+/// sinks.count + i * BlockTokens + t, then pending rows, then chunk rows. Masked or invisible keys
+/// receive nothing. Scores are kept in scratch while the kernel runs: no second pass over K/V.
 struct AttendArgs {
   int head_dim = 0;
   int group = 1;
@@ -59,11 +70,15 @@ struct AttendArgs {
   std::int64_t q_stride = 0;
   float* out = nullptr;
   std::int64_t out_stride = 0;
+  float* key_mass = nullptr;
 };
 
 /// Reusable working memory of the kernel (grown on demand, never shrunk: no steady-state allocation).
 struct Scratch {
   std::vector<float> m, l, acc, scores, k_tile, v_tile;
+  std::vector<float> logits;                 // [n_states][n_ordinals] when key_mass is requested
+  std::int64_t n_ordinals = 0;
+  std::vector<GroupParams> channel_params;  // per-channel key metadata of one token group
   void ensure(int n_states, int head_dim, int tile) {
     const auto ns = static_cast<std::size_t>(n_states);
     const auto D = static_cast<std::size_t>(head_dim);
@@ -72,37 +87,52 @@ struct Scratch {
     if (acc.size() < ns * D) acc.resize(ns * D);
     if (scores.size() < T) scores.resize(T);
     if (k_tile.size() < T * D) k_tile.resize(T * D), v_tile.resize(T * D);
+    if (channel_params.size() < D) channel_params.resize(D);
   }
 };
 
 namespace scalar_detail {
 
-/// Online-softmax update of every (query, group head) state with `count` keys/values.
+/// Online-softmax update of every (query, group head) state with `count` keys/values starting at
+/// cache index `first` (causal), or, when `valid` is non-null, the slots whose bit is set.
+/// `ordinal` numbers the first key for key_mass bookkeeping.
 inline void accumulate_tile(const AttendArgs& a, const float* kt, const float* vt, std::int64_t stride,
-                            std::int64_t first, std::int64_t count, Scratch& s) {
+                            std::int64_t first, std::int64_t count, const std::uint64_t* valid,
+                            std::int64_t ordinal, Scratch& s) {
   const int D = a.head_dim;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   for (int i = 0; i < a.n_q; ++i) {
-    const std::int64_t visible = std::clamp<std::int64_t>(a.q_first + i - first + 1, 0, count);
+    const std::int64_t visible =
+        valid ? count : std::clamp<std::int64_t>(a.q_first + i - first + 1, 0, count);
     if (visible == 0) continue;
     for (int j = 0; j < a.group; ++j) {
       const float* q = a.q + i * a.q_stride + j * D;
       const int st = i * a.group + j;
-      float mx = -std::numeric_limits<float>::infinity();
+      float mx = kNegInf;
       for (std::int64_t t = 0; t < visible; ++t) {
-        const float* k = kt + t * stride;
-        float dot = 0.f;
-        for (int d = 0; d < D; ++d) dot += q[d] * k[d];
-        const float sc = dot * a.scale;
+        float sc = kNegInf;
+        if (!valid || ((valid[t / 64] >> (t % 64)) & 1u)) {
+          const float* k = kt + t * stride;
+          float dot = 0.f;
+          for (int d = 0; d < D; ++d) dot += q[d] * k[d];
+          sc = dot * a.scale;
+        }
         s.scores[static_cast<std::size_t>(t)] = sc;
         mx = std::max(mx, sc);
       }
+      if (a.key_mass) {
+        float* lg = s.logits.data() + st * s.n_ordinals + ordinal;
+        for (std::int64_t t = 0; t < visible; ++t) lg[t] = s.scores[static_cast<std::size_t>(t)];
+      }
+      if (mx == kNegInf) continue;  // every slot masked out
       const float m_new = std::max(s.m[st], mx);
       const float corr = std::exp(s.m[st] - m_new);  // 0 on the first tile (m = -inf)
       float* acc = s.acc.data() + static_cast<std::size_t>(st) * D;
       float l = s.l[st] * corr;
       for (int d = 0; d < D; ++d) acc[d] *= corr;
       for (std::int64_t t = 0; t < visible; ++t) {
-        const float p = std::exp(s.scores[static_cast<std::size_t>(t)] - m_new);
+        const float p = std::exp(s.scores[static_cast<std::size_t>(t)] - m_new);  // 0 when masked
+        if (p == 0.f) continue;
         l += p;
         const float* v = vt + t * stride;
         for (int d = 0; d < D; ++d) acc[d] += p * v[d];
@@ -117,17 +147,23 @@ inline void accumulate_tile(const AttendArgs& a, const float* kt, const float* v
 template <KvCodec KC, KvCodec VC, bool KPerChannel>
 void dequantize_block(const BlockLayout& L, const BlockRef& b, Scratch& s) {
   const int D = L.head_dim;
+  const auto Dz = static_cast<std::size_t>(D);
   for (int t = 0; t < b.count; ++t) {
     const auto tt = static_cast<std::size_t>(t);
-    float* kr = s.k_tile.data() + tt * static_cast<std::size_t>(D);
+    float* kr = s.k_tile.data() + tt * Dz;
     if constexpr (KPerChannel) {
-      const std::size_t g = tt / static_cast<std::size_t>(L.k_group);
-      decode_row_channels<KC>(b.data + L.k_codes + tt * L.k_row, b.data + L.k_meta + g * L.k_meta_group, D, kr);
+      // Decode the token group's per-channel scales once, then every row of the group.
+      if (t % L.k_group == 0) {
+        const std::byte* meta = b.data + L.k_meta + (tt / static_cast<std::size_t>(L.k_group)) * L.k_meta_group;
+        for (std::size_t c = 0; c < Dz; ++c) s.channel_params[c] = KC::load_params(meta + c * KC::meta_bytes_per_group);
+      }
+      const std::byte* row = b.data + L.k_codes + tt * L.k_row;
+      for (std::size_t c = 0; c < Dz; ++c) kr[c] = KC::decode_value(KC::load_code(row, c), s.channel_params[c]);
     } else {
       decode_row<KC>(b.data + L.k_codes + tt * L.k_row, b.data + L.k_meta + tt * L.k_meta_token, D, kr);
     }
     decode_row<VC>(b.data + L.v_codes + tt * L.v_row, b.data + L.v_meta + tt * L.v_meta_token, D,
-                   s.v_tile.data() + tt * static_cast<std::size_t>(D));
+                   s.v_tile.data() + tt * Dz);
   }
 }
 
@@ -145,21 +181,43 @@ void attend_scalar(const AttendArgs& a, const HeadSegments& seg, const BlockLayo
   std::fill_n(s.l.begin(), n_states, 0.f);
   std::fill_n(s.acc.begin(), static_cast<std::size_t>(n_states) * D, 0.f);
 
-  auto exact = [&](const ExactRows& r) {
+  const std::int64_t blocks_ord = seg.sinks.count;
+  const std::int64_t pending_ord = blocks_ord + static_cast<std::int64_t>(seg.blocks.size()) * L.tokens;
+  const std::int64_t chunk_ord = pending_ord + seg.pending.count;
+  if (a.key_mass) {
+    s.n_ordinals = chunk_ord + seg.chunk.count;
+    const auto need = static_cast<std::size_t>(n_states) * static_cast<std::size_t>(s.n_ordinals);
+    if (s.logits.size() < need) s.logits.resize(need);
+    std::fill_n(s.logits.begin(), need, -std::numeric_limits<float>::infinity());
+  }
+  auto exact = [&](const ExactRows& r, std::int64_t ordinal) {
     // Tile exact rows too, so the score buffer stays BlockTokens long.
     for (std::int64_t t0 = 0; t0 < r.count; t0 += L.tokens) {
       const std::int64_t n = std::min<std::int64_t>(L.tokens, r.count - t0);
-      scalar_detail::accumulate_tile(a, r.k + t0 * r.stride, r.v + t0 * r.stride, r.stride, r.first + t0, n, s);
+      scalar_detail::accumulate_tile(a, r.k + t0 * r.stride, r.v + t0 * r.stride, r.stride, r.first + t0, n, nullptr,
+                                     ordinal + t0, s);
     }
   };
-  exact(seg.sinks);
-  for (const BlockRef& b : seg.blocks) {
-    if (b.count == 0 || b.first > a.q_first + a.n_q - 1) continue;
+  exact(seg.sinks, 0);
+  for (std::size_t i = 0; i < seg.blocks.size(); ++i) {
+    const BlockRef& b = seg.blocks[i];
+    if (b.count == 0 || (!b.valid && b.first > a.q_first + a.n_q - 1)) continue;
     scalar_detail::dequantize_block<KC, VC, KPerChannel>(L, b, s);
-    scalar_detail::accumulate_tile(a, s.k_tile.data(), s.v_tile.data(), D, b.first, b.count, s);
+    scalar_detail::accumulate_tile(a, s.k_tile.data(), s.v_tile.data(), D, b.first, b.count, b.valid,
+                                   blocks_ord + static_cast<std::int64_t>(i) * L.tokens, s);
   }
-  exact(seg.pending);
-  exact(seg.chunk);
+  exact(seg.pending, pending_ord);
+  exact(seg.chunk, chunk_ord);
+
+  if (a.key_mass) {
+    for (int st = 0; st < n_states; ++st) {
+      if (!(s.l[st] > 0.f)) continue;
+      const float inv = 1.f / s.l[st];
+      const float* lg = s.logits.data() + st * s.n_ordinals;
+      for (std::int64_t o = 0; o < s.n_ordinals; ++o)
+        if (lg[o] != -std::numeric_limits<float>::infinity()) a.key_mass[o] += std::exp(lg[o] - s.m[st]) * inv;
+    }
+  }
 
   for (int i = 0; i < a.n_q; ++i)
     for (int j = 0; j < a.group; ++j) {

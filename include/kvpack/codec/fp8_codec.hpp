@@ -47,11 +47,13 @@ struct Fp8Codec {
   [[nodiscard]] static constexpr std::size_t code_bytes(std::size_t n) noexcept { return n; }
 
   /// Scale of `count` finite values x[0], x[stride], ...
+  /// The group's values are NOT clamped to the metadata range (unlike the integer codecs' zero-point,
+  /// the only stored quantity is the scale amax / F::max, far inside fp16 for any |x| <= 65504 * 448):
+  /// a group with amax 1e5 keeps its relative error bound with fp16 metadata (CASES C3). A scale
+  /// beyond the metadata range saturates (65504 for fp16), and the values beyond 65504 * F::max then
+  /// saturate to ±F::max * scale: finite, never Inf.
   [[nodiscard]] static GroupParams derive(const float* x, std::ptrdiff_t stride, int count) noexcept {
-    auto [lo, hi] = detail::group_range(x, stride, count);
-    constexpr float lim = detail::meta_max<Meta>;
-    lo = std::clamp(lo, -lim, lim);
-    hi = std::clamp(hi, -lim, lim);
+    const auto [lo, hi] = detail::group_range(x, stride, count);
     const float amax = std::max(-lo, hi);
     GroupParams p;
     if (amax == 0.f) p.scale = 1.f;

@@ -28,8 +28,9 @@ struct Asymmetric {
   static constexpr bool asymmetric = true;
 };
 
-/// Scale and zero-point stored as IEEE binary16. Group extremes beyond ±65504 are clamped to ±65504
-/// before the scale is derived, so metadata never becomes Inf (CASES C1).
+/// Scale and zero-point stored as IEEE binary16. Integer codecs clamp group extremes beyond ±65504 to
+/// ±65504 before the scale is derived, so metadata never becomes Inf (CASES C1). FP8 codecs store
+/// only the scale amax / format_max, which needs no clamp and saturates at 65504 (CASES C3).
 struct MetaF16 {
   static constexpr int bytes = 2;
 };

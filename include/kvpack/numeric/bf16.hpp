@@ -1,8 +1,8 @@
 // bfloat16 ("bf16", brain floating point) <-> fp32 conversions.
 //
 // Format: the upper 16 bits of an IEEE 754 binary32 number: 1 sign, 8 exponent (bias 127),
-// 7 mantissa bits (Intel, "BFLOAT16 - Hardware Numerics Definition", rev 1.0, 2018; the
-// same layout as in Google's TPUs and CUDA's __nv_bfloat16).
+// 7 mantissa bits (Intel, "BFLOAT16 - Hardware Numerics Definition", 2018, doc. 338302;
+// the same layout as Google's TPUs and CUDA's __nv_bfloat16).
 //   max finite      0x7F7F = (2 - 2^-7) * 2^127 ~= 3.3895e38
 //   min normal      0x0080 = 2^-126
 //   min subnormal   0x0001 = 2^-133

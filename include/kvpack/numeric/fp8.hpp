@@ -19,8 +19,8 @@
 //   +-Inf           0x7C / 0xFC
 //   NaN             0x7D..0x7F / 0xFD..0xFF
 //
-// Encoding policy (both formats; OFP8 section 5 leaves overflow handling to the
-// implementation, and this is its "saturating" mode, the one CUDA calls __NV_SATFINITE):
+// Encoding policy (both formats; OFP8 defines a saturating and a non-saturating conversion
+// mode, and kvpack uses the saturating one, which CUDA calls __NV_SATFINITE):
 // round-half-to-even, subnormals produced, finite magnitudes that round beyond max and
 // +-Inf saturate to +-max; NaN -> 0x7F (positive) / 0xFF (negative). So no input other than
 // NaN ever encodes to a non-finite code: an FP8 KV cache never holds Inf.

@@ -7,8 +7,8 @@
 // Why integer bit arithmetic and not float tricks: the result must be identical on the
 // host (any -ffast-math / FTZ / DAZ setting), in CUDA device code (-ftz=true included) and
 // in constant evaluation. Only integer operations touch the input; the one float operation
-// (decoding a narrow subnormal) multiplies two normal fp32 numbers whose product is a
-// normal fp32 number, which is exact under every flush mode.
+// (decoding an fp16/FP8 subnormal) converts its small integer mantissa to float and scales
+// it by a power of two, all normal fp32 numbers, which is exact under every flush mode.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +27,7 @@ namespace kvpack {
 /// Every mode is exact (correctly rounded) inside the finite range of the target format.
 /// Finite inputs beyond the largest finite value saturate to +-max in every mode (kvpack
 /// never turns a finite number into Inf); see the per-format functions for details.
-enum class Rounding : std::uint8_t { nearest_even, toward_pos_inf, toward_neg_inf };
+enum class Rounding { nearest_even, toward_pos_inf, toward_neg_inf };
 
 namespace detail {
 

@@ -1,0 +1,780 @@
+// OffloadStore: the compressed blocks of one cache, kept resident within a memory budget and
+// moved to lower tiers (host RAM records, a file) when cold, sealed (encrypted and
+// authenticated) on the way out, verified on the way back.
+//
+// What the cache calls (all thread-safe):
+//   put(key, token_count, payload)  store a full, already compressed block (copy or move)
+//   acquire(key)                    a pinned read-only view of the block, fetching it and/or
+//                                   waiting for an in-flight fetch; never partial bytes
+//   try_acquire(key)                the same without I/O or waiting: Errc::not_present if the
+//                                   block is not fully resident right now
+//   prefetch(layers)                hint: fetch these layers in the background and protect
+//                                   them from eviction (double buffering, see below)
+//   erase(key), pin_layer(l, on), flush(), metrics()
+//
+// Blocks are opaque byte payloads here (compress before offload); their layout is described
+// once by a BlockLayout and checked in every record header on restore.
+//
+// Placement. The hot tier holds at most `resident_budget_bytes` of payload (a target: it is
+// exceeded, never failing a put, when every resident block is pinned, protected or in use,
+// and while write-behind catches up). Victims are chosen in EvictionOrder among resident
+// blocks that are not in use (no live BlockHandle), not in a pinned layer, not in the current
+// prefetch window and not being moved. A victim with a valid record in a lower tier (a
+// "clean" block, e.g. one fetched earlier) is dropped without I/O; otherwise it is sealed and
+// written to the first tier with room (host, then file). A fetched block keeps its record,
+// so evicting it again costs nothing until it is replaced by put().
+//
+// Double buffering: while the cache computes layer l from pinned handles, prefetch({l+1,
+// l+N}) fetches the next N layers and protects them from eviction, so the budget should hold
+// the pinned layers plus N+1 layers of blocks.
+//
+// Faults. A failed seal/write (ENOSPC, EIO, short write, full tier) leaves the block resident
+// and usable and the store consistent (the slot is freed); the error is returned by
+// rebalance()/offload() or, for background work, by flush(). A failed read or verification
+// returns an error naming the block (layer, kv_head, block index) and no data; the record is
+// kept, so a transient read error can be retried.
+//
+// Secure lifetime: payloads are wiped when the last reference goes (erase, replacement,
+// eviction, destruction); keys live in guarded memory and are wiped with the store; without a
+// FileTier nothing is written to disk.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "kvpack/offload/block_header.hpp"
+#include "kvpack/offload/block_id.hpp"
+#include "kvpack/offload/block_record.hpp"
+#include "kvpack/offload/crypto.hpp"
+#include "kvpack/offload/file_backend.hpp"
+#include "kvpack/offload/prefetcher.hpp"
+#include "kvpack/offload/secure_memory.hpp"
+#include "kvpack/offload/tiers.hpp"
+#include "kvpack/result.hpp"
+
+namespace kvpack::offload {
+
+/// Which resident block leaves first when the budget is exceeded.
+enum class EvictionOrder {
+  /// Oldest tokens first: lowest block index, then least recently used. Under the layer-by-layer
+  /// decode loop this keeps a stable resident set (the newest blocks of every layer) and moves
+  /// the same blocks each step, instead of LRU's thrashing on cyclic access.
+  oldest_block_first,
+  /// Least recently put or acquired first.
+  least_recently_used,
+};
+
+/// Configuration of an OffloadStore.
+struct StoreConfig {
+  BlockLayout layout;                            ///< checked on every restore
+  uint64_t resident_budget_bytes = UINT64_MAX;   ///< payload bytes the hot tier aims to hold
+  std::optional<HostTier> host;                  ///< RAM tier of records, tried first
+  std::optional<FileTier> file;                  ///< file tier, tried after the host tier
+  std::optional<Aead> aead;                      ///< default: best_available_aead(); not none
+  EvictionOrder order = EvictionOrder::oldest_block_first;
+  int32_t layers = 0;                            ///< model layers; > 0 makes prefetch windows wrap
+  bool background = true;                        ///< a worker thread does write-behind and prefetch
+  std::size_t queue_capacity = 64;               ///< bounded job queue of the worker
+};
+
+/// Counters and gauges of one store. Bytes are payload bytes in the hot tier and record bytes
+/// (payload + 72) in lower tiers; latencies cover read + verify + decrypt of one block.
+struct Metrics {
+  uint64_t resident_bytes = 0;      ///< payload bytes in the hot tier
+  uint64_t resident_blocks = 0;     ///< blocks in the hot tier
+  uint64_t offloaded_blocks = 0;    ///< blocks present only in a lower tier
+  uint64_t host_tier_bytes = 0;     ///< bytes held by the host tier
+  uint64_t file_tier_bytes = 0;     ///< bytes of file slots in use
+  uint64_t bytes_written = 0;       ///< record bytes written to lower tiers
+  uint64_t bytes_read = 0;          ///< record bytes read back
+  uint64_t offloads = 0;            ///< records written
+  uint64_t offload_failures = 0;    ///< writes/seals that failed (block stayed resident)
+  uint64_t fetches = 0;             ///< records read and verified
+  uint64_t fetch_failures = 0;      ///< reads/verifications that failed
+  double fetch_p50_us = 0;          ///< median fetch latency over the last 4096 fetches
+  double fetch_p99_us = 0;          ///< 99th percentile of the same
+  uint64_t prefetch_hits = 0;       ///< acquires served by a block prefetch had brought in
+  uint64_t prefetch_misses = 0;     ///< acquires that had to fetch or wait for a fetch
+  double prefetch_hit_rate = 0;     ///< hits / (hits + misses), 0 when none
+  uint64_t prefetch_hidden_ns = 0;  ///< fetch time of prefetch hits (latency prefetch hid)
+  uint64_t acquire_wait_ns = 0;     ///< time acquire() spent fetching or waiting (exposed latency)
+  uint64_t prefetch_dropped = 0;    ///< prefetch requests dropped (queue full)
+};
+
+namespace detail {
+struct Payload {
+  SecureBytes bytes;
+  uint16_t token_count = 0;
+};
+}  // namespace detail
+
+/// A pinned, read-only view of one resident block. While it lives the block stays resident
+/// (and its bytes valid, even if the block is replaced or erased meanwhile). Move-only; cheap.
+class BlockHandle {
+ public:
+  BlockHandle() = default;
+  /// The compressed payload (exactly the bytes given to put()).
+  [[nodiscard]] std::span<const std::byte> bytes() const noexcept {
+    return p_ ? p_->bytes.span() : std::span<const std::byte>{};
+  }
+  /// Tokens in the block.
+  [[nodiscard]] uint16_t token_count() const noexcept { return p_ ? p_->token_count : 0; }
+  [[nodiscard]] const BlockKey& key() const noexcept { return key_; }
+  /// The version this view shows.
+  [[nodiscard]] uint64_t version() const noexcept { return version_; }
+  [[nodiscard]] bool valid() const noexcept { return p_ != nullptr; }
+
+ private:
+  friend class OffloadStore;
+  BlockHandle(std::shared_ptr<const detail::Payload> p, BlockKey key, uint64_t version)
+      : p_(std::move(p)), key_(key), version_(version) {}
+  std::shared_ptr<const detail::Payload> p_;
+  BlockKey key_{};
+  uint64_t version_ = 0;
+};
+
+/// See the top of this file.
+class OffloadStore {
+ public:
+  /// Where a block's record lives (test and diagnostic hook).
+  struct Location {
+    int tier = -1;          ///< index into tiers (0 = first configured), -1 = none
+    uint64_t slot = 0;
+    uint32_t record_bytes = 0;
+    uint64_t version = 0;
+    bool resident = false;
+  };
+
+  /// Creates a store with a fresh random cache id and data key. `keys` wraps the data key
+  /// (required when the file is kept, so the superblock holds it wrapped; otherwise optional:
+  /// an ephemeral cache needs no key management). Errors: Errc::invalid_argument (bad layout,
+  /// Aead::none requested, keep_file without a KeyProvider), Errc::unsupported (AES-GCM asked
+  /// for without AES-NI), and the KeyProvider's own errors.
+  [[nodiscard]] static Result<std::unique_ptr<OffloadStore>> create(StoreConfig cfg, const KeyProvider* keys = nullptr) {
+    if (auto s = ensure_sodium(); !s) return s.error();
+    if (auto s = cfg.layout.validate(); !s) return s.error();
+    const Aead aead = cfg.aead.value_or(best_available_aead());
+    if (aead == Aead::none)
+      return fail(Errc::invalid_argument, "offload store: Aead::none is not allowed (use HostTier{.encrypt = false})");
+    if (cfg.file && cfg.file->keep_file && !keys)
+      return fail(Errc::invalid_argument, "offload store: keep_file needs a KeyProvider to wrap the data key");
+    std::unique_ptr<OffloadStore> st(new OffloadStore(cfg));
+    randombytes_buf(st->cache_.bytes.data(), st->cache_.bytes.size());
+    auto data_key = SecretBytes::random(kKeyBytes);
+    if (!data_key) return data_key.error();
+    if (keys) {
+      auto kek = keys->key_encryption_key();
+      if (!kek) return kek.error();
+      auto w = wrap_data_key(*kek, *data_key, st->cache_);
+      if (!w) return w.error();
+      st->wrapped_ = *w;
+    }
+    auto enc = RecordCipher::create(aead, *data_key);
+    if (!enc) return enc.error();
+    st->enc_.emplace(std::move(enc).value());
+    if (cfg.host && !cfg.host->encrypt) {
+      auto mac = RecordCipher::create(Aead::none, *data_key);
+      if (!mac) return mac.error();
+      st->mac_.emplace(std::move(mac).value());
+    }
+    if (cfg.host) st->tiers_.push_back(std::make_unique<HostRecordTier>(*cfg.host));
+    if (cfg.file)
+      st->tiers_.push_back(std::make_unique<FileRecordTier>(*cfg.file, st->cache_, aead,
+                                                            record_bytes(cfg.layout.max_payload_bytes), st->wrapped_));
+    if (cfg.background)
+      st->worker_ = std::make_unique<Prefetcher>(cfg.queue_capacity, [p = st.get()](const IoJob& j) { p->run_job(j); });
+    return st;
+  }
+
+  OffloadStore(const OffloadStore&) = delete;
+  OffloadStore& operator=(const OffloadStore&) = delete;
+  /// Stops the worker (finishing the job in flight), then wipes every block and key.
+  ~OffloadStore() {
+    if (worker_) worker_->stop();
+  }
+
+  // ---- the cache's interface ------------------------------------------------------------
+
+  /// Stores (or replaces) block `key`: a copy of `payload` holding `token_count` tokens. The
+  /// block is resident afterwards with a new version; an older record of it becomes invalid.
+  /// Waits while the block is being moved. May trigger write-behind (background) or a
+  /// synchronous rebalance whose failure does not fail the put (see rebalance()).
+  /// Errc::invalid_argument naming the block for a negative key, a payload above
+  /// layout.max_payload_bytes or more tokens than layout.block_tokens.
+  [[nodiscard]] Status put(const BlockKey& key, uint16_t token_count, std::span<const std::byte> payload) {
+    if (auto s = check_put(key, token_count, payload.size()); !s) return s;
+    return put(key, token_count, SecureBytes::copy_of(payload));
+  }
+  /// put() taking ownership of the payload buffer (no copy).
+  [[nodiscard]] Status put(const BlockKey& key, uint16_t token_count, SecureBytes&& payload) {
+    if (auto s = check_put(key, token_count, payload.size()); !s) return s;
+    auto p = std::make_shared<detail::Payload>();
+    p->bytes = std::move(payload);
+    p->token_count = token_count;
+    std::shared_ptr<const detail::Payload> old;
+    {
+      std::unique_lock lock(mu_);
+      Entry* e = &map_[key];
+      while (e->busy) {  // look the entry up again after every wait: it may have been erased
+        cv_.wait(lock);
+        e = &map_[key];
+      }
+      release_record_locked(*e);
+      old = std::move(e->hot);
+      if (old) {
+        resident_bytes_ -= old->bytes.size();
+        --resident_blocks_;
+        order_erase_locked(key, *e);
+      } else if (e->version != 0) {
+        --offloaded_blocks_;
+      }
+      e->version = ++version_counter_;
+      e->token_count = token_count;
+      e->payload_bytes = static_cast<uint32_t>(p->bytes.size());
+      e->prefetched = false;
+      set_hot_locked(key, *e, std::move(p));
+    }
+    old.reset();  // wiped here, outside the lock, unless a handle still shows it
+    after_growth();
+    return {};
+  }
+
+  /// A pinned view of block `key`, fetched from its tier if needed. Waits while another
+  /// thread (the prefetcher, or a concurrent acquire) is fetching it. Never returns partial
+  /// data. Errors, naming the block: Errc::not_present (never stored or erased),
+  /// Errc::io_error / corrupt_data / auth_failed (the record could not be read or verified;
+  /// the block is then not resident and the record is kept for a retry).
+  [[nodiscard]] Result<BlockHandle> acquire(const BlockKey& key) {
+    std::unique_lock lock(mu_);
+    bool waited = false;
+    std::chrono::steady_clock::time_point t0{};
+    for (;;) {
+      auto it = map_.find(key);
+      if (it == map_.end() || it->second.version == 0) {
+        add_wait_locked(waited, t0);
+        return fail(Errc::not_present, describe(key) + " is not in the cache (never stored or erased)");
+      }
+      Entry& e = it->second;
+      if (e.hot) {
+        if (!waited && e.prefetched) {
+          ++prefetch_hits_;
+          prefetch_hidden_ns_ += e.fetch_ns;
+        } else if (waited) {
+          ++prefetch_misses_;
+        }
+        e.prefetched = false;
+        touch_locked(key, e);
+        add_wait_locked(waited, t0);
+        BlockHandle h(e.hot, key, e.version);
+        lock.unlock();
+        if (waited) after_growth();
+        return h;
+      }
+      if (!waited) {
+        waited = true;
+        t0 = std::chrono::steady_clock::now();
+      }
+      if (e.busy) {
+        cv_.wait(lock);
+        continue;
+      }
+      if (auto s = fetch_locked(lock, key, e, /*by_prefetch=*/false); !s) {
+        ++prefetch_misses_;
+        add_wait_locked(waited, t0);
+        return s.error();
+      }
+    }
+  }
+
+  /// Like acquire() but never performs I/O or waits: Errc::not_present when the block is not
+  /// fully resident now (offloaded, or being fetched), or not in the cache at all.
+  [[nodiscard]] Result<BlockHandle> try_acquire(const BlockKey& key) {
+    std::lock_guard lock(mu_);
+    auto it = map_.find(key);
+    if (it == map_.end() || it->second.version == 0)
+      return fail(Errc::not_present, describe(key) + " is not in the cache (never stored or erased)");
+    Entry& e = it->second;
+    if (!e.hot)
+      return fail(Errc::not_present, describe(key) + (e.busy ? " is being fetched" : " is offloaded, not resident"));
+    if (e.prefetched) {
+      ++prefetch_hits_;
+      prefetch_hidden_ns_ += e.fetch_ns;
+      e.prefetched = false;
+    }
+    touch_locked(key, e);
+    return BlockHandle(e.hot, key, e.version);
+  }
+
+  /// Hint: fetch every offloaded block of `layers` in the background (no I/O without a
+  /// worker), nearest layer first, and protect those layers from eviction until the next
+  /// prefetch() call. The decode loop calls prefetch({l, l + N}) when it starts layer l: layer
+  /// l stays protected until its blocks are acquired (pinned) and layers l+1..l+N are
+  /// fetched meanwhile. With StoreConfig::layers = L > 0 the window wraps: {L-1, L} covers
+  /// layers L-1 and 0. An empty range clears the protection. Returns whether a fetch was
+  /// queued (false when the queue is full: the request is dropped and counted).
+  bool prefetch(LayerRange layers) {
+    {
+      std::lock_guard lock(mu_);
+      protect_ = layers;
+    }
+    if (!worker_ || layers.empty()) return false;
+    return worker_->request(layers);
+  }
+
+  /// Removes block `key`: its hot copy is wiped once no handle shows it, its record slot is
+  /// freed. Waits while it is being moved. Errc::not_present if absent.
+  [[nodiscard]] Status erase(const BlockKey& key) {
+    std::shared_ptr<const detail::Payload> old;
+    {
+      std::unique_lock lock(mu_);
+      auto it = map_.find(key);
+      while (it != map_.end() && it->second.busy) {  // look it up again after every wait
+        cv_.wait(lock);
+        it = map_.find(key);
+      }
+      if (it == map_.end() || it->second.version == 0)
+        return fail(Errc::not_present, describe(key) + " is not in the cache");
+      Entry* e = &it->second;
+      release_record_locked(*e);
+      if (e->hot) {
+        resident_bytes_ -= e->hot->bytes.size();
+        --resident_blocks_;
+        order_erase_locked(key, *e);
+        old = std::move(e->hot);
+      } else if (e->version != 0) {
+        --offloaded_blocks_;
+      }
+      map_.erase(key);  // safe: nobody else holds this entry while it is not busy
+    }
+    return {};
+  }
+
+  /// Keeps every block of `layer` resident (true) or lets it be evicted again (false). Does
+  /// not fetch blocks already offloaded; acquire() does.
+  void pin_layer(int32_t layer, bool pinned) {
+    {
+      std::lock_guard lock(mu_);
+      if (pinned)
+        pinned_layers_.insert(layer);
+      else
+        pinned_layers_.erase(layer);
+    }
+    if (!pinned) after_growth();
+  }
+
+  /// Moves blocks down until the resident bytes fit the budget or no block can move. Returns
+  /// the first failure (the failed block stays resident and usable); Errc::capacity_exceeded
+  /// when no tier has room. Runs on the caller's thread.
+  [[nodiscard]] Status rebalance() {
+    if (tiers_.empty()) return {};  // an in-memory store has nowhere to move blocks
+    for (;;) {
+      std::unique_lock lock(mu_);
+      if (resident_bytes_ <= cfg_.resident_budget_bytes) return {};
+      const BlockKey* victim = pick_victim_locked();
+      if (!victim) return {};  // over budget, but everything is pinned, protected or in use
+      const BlockKey key = *victim;
+      Entry& e = map_.find(key)->second;
+      if (e.tier >= 0) {
+        drop_hot_locked(key, e);
+        continue;
+      }
+      if (auto s = write_locked(lock, key, e); !s) return s;
+    }
+  }
+
+  /// Writes block `key` to a lower tier now (if it has no valid record yet) and drops its hot
+  /// copy unless a handle is using it. Ignores pins and protection. The block stays resident
+  /// on failure. Errc::not_present if absent; Errc::capacity_exceeded without a tier.
+  [[nodiscard]] Status offload(const BlockKey& key) {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      auto it = map_.find(key);
+      if (it == map_.end() || it->second.version == 0)
+        return fail(Errc::not_present, describe(key) + " is not in the cache");
+      Entry& e = it->second;
+      if (e.busy) {
+        cv_.wait(lock);
+        continue;
+      }
+      if (!e.hot) return {};
+      if (e.tier < 0) {
+        if (auto s = write_locked(lock, key, e); !s) return s;
+        continue;  // re-check: the hot copy may still be in use
+      }
+      if (e.hot.use_count() == 1) drop_hot_locked(key, e);
+      return {};
+    }
+  }
+
+  /// Waits for queued background work (write-behind and prefetch) to finish, runs a last
+  /// rebalance() on the caller's thread (a request dropped by a full queue is caught up
+  /// here), then returns and clears the first error since the last flush(), background or
+  /// this rebalance's.
+  [[nodiscard]] Status flush() {
+    if (worker_) worker_->drain();
+    if (auto s = rebalance(); !s) keep_bg_error(s.error());
+    std::lock_guard lock(mu_);
+    if (!bg_error_) return {};
+    Error e = std::move(*bg_error_);
+    bg_error_.reset();
+    return e;
+  }
+
+  /// A snapshot of the counters.
+  [[nodiscard]] Metrics metrics() const {
+    Metrics m;
+    std::vector<uint64_t> lat;
+    {
+      std::lock_guard lock(mu_);
+      m.resident_bytes = resident_bytes_;
+      m.resident_blocks = resident_blocks_;
+      m.offloaded_blocks = offloaded_blocks_;
+      m.bytes_written = bytes_written_;
+      m.bytes_read = bytes_read_;
+      m.offloads = offloads_;
+      m.offload_failures = offload_failures_;
+      m.fetches = fetches_;
+      m.fetch_failures = fetch_failures_;
+      m.prefetch_hits = prefetch_hits_;
+      m.prefetch_misses = prefetch_misses_;
+      m.prefetch_hidden_ns = prefetch_hidden_ns_;
+      m.acquire_wait_ns = acquire_wait_ns_;
+      lat.assign(latency_ns_.begin(), latency_ns_.begin() + static_cast<std::ptrdiff_t>(std::min<uint64_t>(fetches_, kLatencyWindow)));
+    }
+    for (std::size_t t = 0; t < tiers_.size(); ++t) {
+      if (tiers_[t]->name() == "host") m.host_tier_bytes = tiers_[t]->used_bytes();
+      if (tiers_[t]->name() == "file") m.file_tier_bytes = tiers_[t]->used_bytes();
+    }
+    if (worker_) m.prefetch_dropped = worker_->dropped();
+    const uint64_t n = m.prefetch_hits + m.prefetch_misses;
+    m.prefetch_hit_rate = n ? static_cast<double>(m.prefetch_hits) / static_cast<double>(n) : 0.0;
+    auto pct = [&](double q) {
+      if (lat.empty()) return 0.0;
+      const std::size_t i = std::min(lat.size() - 1, static_cast<std::size_t>(q * static_cast<double>(lat.size())));
+      std::nth_element(lat.begin(), lat.begin() + static_cast<std::ptrdiff_t>(i), lat.end());
+      return static_cast<double>(lat[i]) / 1000.0;
+    };
+    m.fetch_p50_us = pct(0.50);
+    m.fetch_p99_us = pct(0.99);
+    return m;
+  }
+
+  // ---- introspection -------------------------------------------------------------------
+
+  [[nodiscard]] const CacheId& cache_id() const noexcept { return cache_; }
+  [[nodiscard]] const BlockLayout& layout() const noexcept { return cfg_.layout; }
+  /// Protection of records in encrypted tiers.
+  [[nodiscard]] Aead aead() const noexcept { return enc_->aead(); }
+  /// The data key wrapped by the KeyProvider's key (absent without a provider).
+  [[nodiscard]] const std::optional<WrappedKey>& wrapped_data_key() const noexcept { return wrapped_; }
+  /// Whether `key` is stored (resident or not).
+  [[nodiscard]] bool contains(const BlockKey& key) const {
+    std::lock_guard lock(mu_);
+    auto it = map_.find(key);
+    return it != map_.end() && it->second.version != 0;
+  }
+  /// Whether `key` is fully resident now.
+  [[nodiscard]] bool is_resident(const BlockKey& key) const {
+    std::lock_guard lock(mu_);
+    auto it = map_.find(key);
+    return it != map_.end() && it->second.hot != nullptr;
+  }
+  /// Where `key`'s record lives. Test and diagnostic hook.
+  [[nodiscard]] std::optional<Location> location(const BlockKey& key) const {
+    std::lock_guard lock(mu_);
+    auto it = map_.find(key);
+    if (it == map_.end() || it->second.version == 0) return std::nullopt;
+    const Entry& e = it->second;
+    return Location{e.tier, e.slot, e.record_bytes, e.version, e.hot != nullptr};
+  }
+  /// Runtime tier `i` (0 = host if configured, else file). Test hook.
+  [[nodiscard]] RecordTier* tier(std::size_t i) const { return i < tiers_.size() ? tiers_[i].get() : nullptr; }
+  [[nodiscard]] std::size_t tier_count() const noexcept { return tiers_.size(); }
+
+ private:
+  static constexpr std::size_t kLatencyWindow = 4096;
+
+  struct Entry {
+    uint64_t version = 0;  // 0: placeholder not yet filled by put()
+    uint16_t token_count = 0;
+    uint32_t payload_bytes = 0;
+    std::shared_ptr<const detail::Payload> hot;  // resident copy, null when offloaded
+    int tier = -1;                               // tier holding a record of `version`, -1: none
+    uint64_t slot = 0;
+    uint32_t record_bytes = 0;
+    bool busy = false;        // a write or fetch of this block is in flight (lock released)
+    bool prefetched = false;  // hot copy delivered by prefetch, not yet acquired
+    uint64_t fetch_ns = 0;
+    uint64_t last_use = 0;
+    std::tuple<int64_t, uint64_t, BlockKey> order_key{};  // key in order_ while resident
+  };
+
+  explicit OffloadStore(StoreConfig cfg) : cfg_(std::move(cfg)) {}
+
+  Status check_put(const BlockKey& key, uint16_t token_count, std::size_t bytes) const {
+    if (key.layer < 0 || key.kv_head < 0 || key.block_index < 0)
+      return fail(Errc::invalid_argument, describe(key) + ": negative index");
+    if (bytes > cfg_.layout.max_payload_bytes)
+      return fail(Errc::invalid_argument, describe(key) + ": payload of " + std::to_string(bytes) +
+                                              " bytes exceeds the layout's maximum " +
+                                              std::to_string(cfg_.layout.max_payload_bytes));
+    if (token_count > cfg_.layout.block_tokens)
+      return fail(Errc::invalid_argument, describe(key) + ": " + std::to_string(token_count) +
+                                              " tokens exceed block_tokens " + std::to_string(cfg_.layout.block_tokens));
+    return {};
+  }
+
+  const RecordCipher& cipher_for(std::size_t tier) const {
+    return tiers_[tier]->needs_encryption() ? *enc_ : *mac_;
+  }
+
+  std::tuple<int64_t, uint64_t, BlockKey> make_order_key(const BlockKey& key, const Entry& e) const {
+    if (cfg_.order == EvictionOrder::oldest_block_first) return {key.block_index, e.last_use, key};
+    return {static_cast<int64_t>(e.last_use), 0, key};
+  }
+  void order_erase_locked(const BlockKey&, Entry& e) { order_.erase(e.order_key); }
+  void touch_locked(const BlockKey& key, Entry& e) {
+    order_.erase(e.order_key);
+    e.last_use = ++tick_;
+    e.order_key = make_order_key(key, e);
+    order_.insert(e.order_key);
+  }
+  void set_hot_locked(const BlockKey& key, Entry& e, std::shared_ptr<const detail::Payload> p) {
+    resident_bytes_ += p->bytes.size();
+    ++resident_blocks_;
+    e.hot = std::move(p);
+    e.last_use = ++tick_;
+    e.order_key = make_order_key(key, e);
+    order_.insert(e.order_key);
+  }
+  void drop_hot_locked(const BlockKey& key, Entry& e) {
+    order_erase_locked(key, e);
+    resident_bytes_ -= e.hot->bytes.size();
+    --resident_blocks_;
+    ++offloaded_blocks_;
+    e.hot.reset();  // last reference (checked by callers): wiped now
+    e.prefetched = false;
+  }
+  void release_record_locked(Entry& e) {
+    if (e.tier >= 0) tiers_[static_cast<std::size_t>(e.tier)]->release(e.slot);
+    e.tier = -1;
+  }
+  void add_wait_locked(bool waited, std::chrono::steady_clock::time_point t0) {
+    if (waited)
+      acquire_wait_ns_ += static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  }
+
+  // Distance of `layer` from the start of `w` (0 = first layer of the window), or -1 when it
+  // is outside; windows wrap modulo cfg_.layers when that is set.
+  int64_t window_distance(const LayerRange& w, int32_t layer) const {
+    if (w.empty()) return -1;
+    int64_t d = static_cast<int64_t>(layer) - w.first;
+    if (cfg_.layers > 0) d = ((d % cfg_.layers) + cfg_.layers) % cfg_.layers;
+    return (d >= 0 && d <= static_cast<int64_t>(w.last) - w.first) ? d : -1;
+  }
+
+  // The evictable resident block first in order, or null.
+  const BlockKey* pick_victim_locked() const {
+    for (const auto& k : order_) {
+      const BlockKey& key = std::get<2>(k);
+      if (pinned_layers_.count(key.layer) || window_distance(protect_, key.layer) >= 0) continue;
+      const Entry& e = map_.find(key)->second;
+      if (e.busy || e.hot.use_count() != 1) continue;  // moving, or shown by a BlockHandle
+      return &key;
+    }
+    return nullptr;
+  }
+
+  // Seals e's hot copy and writes it to the first tier with room; the lock is released during
+  // sealing and I/O (e.busy keeps others off this block). On success the block has a record
+  // and its hot copy is dropped if no handle shows it.
+  Status write_locked(std::unique_lock<std::mutex>& lock, const BlockKey& key, Entry& e) {
+    if (tiers_.empty()) {
+      ++offload_failures_;
+      return fail(Errc::capacity_exceeded, describe(key) + ": no offload tier configured");
+    }
+    e.busy = true;
+    std::shared_ptr<const detail::Payload> p = e.hot;
+    const uint64_t version = e.version;
+    lock.unlock();
+
+    const BlockId id{cache_, key, version};
+    const std::string what = describe(key);
+    Status status = fail(Errc::capacity_exceeded, what + ": every offload tier is full");
+    std::size_t used_tier = 0;
+    uint64_t slot = 0;
+    SecureBytes record(record_bytes(p->bytes.size()));
+    Aead sealed_as = Aead::none;
+    bool sealed = false;
+    for (std::size_t t = 0; t < tiers_.size(); ++t) {
+      if (!tiers_[t]->has_room(record.size())) continue;
+      const RecordCipher& c = cipher_for(t);
+      if (!sealed || sealed_as != c.aead()) {
+        if (auto s = seal_record(c, cfg_.layout, id, p->token_count, p->bytes.span(), record.span()); !s) {
+          status = s;
+          break;
+        }
+        sealed = true;
+        sealed_as = c.aead();
+      }
+      auto r = tiers_[t]->store(record.span(), what);
+      if (r) {
+        status = {};
+        used_tier = t;
+        slot = *r;
+        break;
+      }
+      status = r.error();
+      if (r.error().code != Errc::capacity_exceeded) break;  // an I/O error: do not spill further
+    }
+    p.reset();
+
+    lock.lock();
+    e.busy = false;
+    if (status) {
+      e.tier = static_cast<int>(used_tier);
+      e.slot = slot;
+      e.record_bytes = static_cast<uint32_t>(record.size());
+      bytes_written_ += record.size();
+      ++offloads_;
+      if (e.hot.use_count() == 1) drop_hot_locked(key, e);
+    } else {
+      ++offload_failures_;
+    }
+    cv_.notify_all();
+    return status;
+  }
+
+  // Reads and verifies e's record into a new hot copy; the lock is released during I/O and
+  // decryption (e.busy makes others wait). The hot copy is published only when complete.
+  Status fetch_locked(std::unique_lock<std::mutex>& lock, const BlockKey& key, Entry& e, bool by_prefetch) {
+    if (e.tier < 0) return fail(Errc::corrupt_data, describe(key) + ": neither resident nor offloaded");
+    e.busy = true;
+    const std::size_t tier = static_cast<std::size_t>(e.tier);
+    const uint64_t slot = e.slot;
+    const BlockId id{cache_, key, e.version};
+    const uint32_t rec_bytes = e.record_bytes;
+    const uint32_t payload_bytes = e.payload_bytes;
+    const uint16_t token_count = e.token_count;
+    lock.unlock();
+
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string what = describe(key);
+    SecureBytes record(rec_bytes);
+    auto p = std::make_shared<detail::Payload>();
+    p->bytes = SecureBytes(payload_bytes);
+    Status status = tiers_[tier]->load(slot, record.span(), what + " from the " + std::string(tiers_[tier]->name()) + " tier");
+    if (status) {
+      auto r = open_record(cipher_for(tier), cfg_.layout, id, record.span(), p->bytes.span());
+      if (!r)
+        status = r.error();
+      else if (r->payload_bytes != payload_bytes || r->token_count != token_count)
+        status = fail(Errc::corrupt_data, what + ": record does not match the index");
+      p->token_count = token_count;
+    }
+    const auto ns = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+
+    lock.lock();
+    e.busy = false;
+    if (status) {
+      set_hot_locked(key, e, std::move(p));
+      --offloaded_blocks_;
+      e.prefetched = by_prefetch;
+      e.fetch_ns = ns;
+      latency_ns_[fetches_ % kLatencyWindow] = ns;
+      ++fetches_;
+      bytes_read_ += rec_bytes;
+    } else {
+      ++fetch_failures_;
+    }
+    cv_.notify_all();
+    return status;
+  }
+
+  // After the resident set grew: write-behind in the background, or a synchronous rebalance
+  // whose error is kept for flush().
+  void after_growth() {
+    {
+      std::lock_guard lock(mu_);
+      if (resident_bytes_ <= cfg_.resident_budget_bytes || tiers_.empty()) return;
+    }
+    if (worker_) {
+      worker_->request_rebalance();
+      return;
+    }
+    if (auto s = rebalance(); !s) keep_bg_error(s.error());
+  }
+
+  void keep_bg_error(Error e) {
+    std::lock_guard lock(mu_);
+    if (!bg_error_) bg_error_ = std::move(e);
+  }
+
+  void run_job(const IoJob& job) {
+    if (job.kind == IoJob::Kind::rebalance) {
+      if (auto s = rebalance(); !s) keep_bg_error(s.error());
+      return;
+    }
+    std::vector<std::pair<int64_t, BlockKey>> todo;  // (distance in the window, block)
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& [k, e] : map_) {
+        const int64_t d = window_distance(job.layers, k.layer);
+        if (d >= 0 && e.version != 0 && !e.hot && !e.busy) todo.emplace_back(d, k);
+      }
+    }
+    std::sort(todo.begin(), todo.end());
+    for (const auto& [d, k] : todo) {
+      {
+        std::unique_lock lock(mu_);
+        auto it = map_.find(k);
+        if (it == map_.end() || it->second.version == 0 || it->second.hot || it->second.busy) continue;
+        if (auto s = fetch_locked(lock, k, it->second, /*by_prefetch=*/true); !s) {
+          lock.unlock();
+          keep_bg_error(s.error());
+          continue;
+        }
+      }
+      if (auto s = rebalance(); !s) keep_bg_error(s.error());
+    }
+  }
+
+  StoreConfig cfg_;
+  CacheId cache_{};
+  std::optional<WrappedKey> wrapped_;
+  std::optional<RecordCipher> enc_, mac_;
+  std::vector<std::unique_ptr<RecordTier>> tiers_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // an entry stopped being busy
+  std::unordered_map<BlockKey, Entry, BlockKeyHash> map_;
+  std::set<std::tuple<int64_t, uint64_t, BlockKey>> order_;  // resident blocks, eviction order
+  std::set<int32_t> pinned_layers_;
+  LayerRange protect_{};
+  uint64_t version_counter_ = 0, tick_ = 0;
+  uint64_t resident_bytes_ = 0, resident_blocks_ = 0, offloaded_blocks_ = 0;
+  uint64_t bytes_written_ = 0, bytes_read_ = 0, offloads_ = 0, offload_failures_ = 0;
+  uint64_t fetches_ = 0, fetch_failures_ = 0;
+  uint64_t prefetch_hits_ = 0, prefetch_misses_ = 0, prefetch_hidden_ns_ = 0, acquire_wait_ns_ = 0;
+  std::array<uint64_t, kLatencyWindow> latency_ns_{};
+  std::optional<Error> bg_error_;
+
+  std::unique_ptr<Prefetcher> worker_;  // last: destroyed (joined) first
+};
+
+}  // namespace kvpack::offload
