@@ -266,7 +266,13 @@ class Evaluator {
     st.kv_bytes = cache->memory_bytes();
     st.kv_tokens = n;
     st.kv_values = 0;
-    for (int l = 0; l < m_.cfg.layers; ++l) st.kv_values += cache->tokens(l) * m_.cfg.kv_heads * m_.cfg.head_dim * 2;
+    for (int l = 0; l < m_.cfg.layers; ++l)
+      for (int h = 0; h < m_.cfg.kv_heads; ++h) {  // tokens held after eviction, where a policy evicts
+        if constexpr (requires { cache->held_tokens(l, h); })
+          st.kv_values += cache->held_tokens(l, h) * m_.cfg.head_dim * 2;
+        else
+          st.kv_values += cache->tokens(l) * m_.cfg.head_dim * 2;
+      }
     // Decode timing: greedy continuation, one token per forward (the output head included).
     RowMat lg;
     Eigen::Index next = 0;

@@ -46,6 +46,9 @@ using Registry = PolicyList<
     Policy<"k8v4", KVCache<Keys<Int8<Group<32>>>, Values<Int4<Group<32>>>>>,
     Policy<"kivi4", KVCache<Keys<Int4<Group<32>>, PerChannel>, Values<Int4<Group<32>>>, Residual<128>>>,
     Policy<"fp8-e4m3", KVCache<Keys<Fp8E4M3<Group<32>>>, Values<Fp8E4M3<Group<32>>>>>,
+    // Eviction at a 1024-token budget (not default: they only act on contexts above 1024).
+    Policy<"int4-g32+sink-window-1k", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SinkWindow<4, 1020>>, false>,
+    Policy<"int4-g32+h2o-1k", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, H2O<512, 508, 4>>, false>,
     // Not run by default: the engine's own cache without kvpack, and a destructive cache (every V
     // stored as zero) that proves the cache is in the path of every scored token.
     Policy<"reference", ReferenceCache, false>,
