@@ -55,8 +55,15 @@
     kvpack::H2O<512, 508, 4>)
 
 // ---- Kernel backends: X(kvpack tag, "table name") --------------------------------------------
-// Later: X(kvpack::Avx2, "avx2"), X(kvpack::Neon, "neon"), X(kvpack::Cuda, "cuda").
+// Later: X(kvpack::Cuda, "cuda").
+// The SIMD backend the build targets runs beside the scalar kernel (the specification).
+#if KVPACK_HAS_AVX2
+#define KVPACK_BENCH_BACKENDS(X) X(kvpack::Scalar, "scalar") X(kvpack::Avx2, "avx2")
+#elif KVPACK_HAS_NEON
+#define KVPACK_BENCH_BACKENDS(X) X(kvpack::Scalar, "scalar") X(kvpack::Neon, "neon")
+#else
 #define KVPACK_BENCH_BACKENDS(X) X(kvpack::Scalar, "scalar")
+#endif
 
 namespace kvpack_bench {
 
