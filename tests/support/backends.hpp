@@ -24,6 +24,8 @@ struct ScalarKernel {
 };
 
 #if KVPACK_HAS_AVX2
+#include <cpuid.h>
+
 struct Avx2Kernel {
   static constexpr const char* name = "avx2";
   static constexpr bool available = true;
@@ -33,8 +35,11 @@ struct Avx2Kernel {
     kvpack::kernels::attend_avx2<KC, VC, PC>(a, seg, L, s);
   }
   /// The CPU running the test can execute the kernel (cpuid), else the test skips.
+  /// (clang 14 has no "f16c" for __builtin_cpu_supports, so F16C is read from cpuid leaf 1.)
   static bool cpu_ok() {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   }
 };
 #endif
