@@ -8,10 +8,10 @@
 //  * 4096 values of the form (k + 0.5) * scale: codes equal a float64 round-half-even reference;
 //  * the unpacker agrees with a float64 reference on all 256 byte values.
 //
-// Backends: every test is typed over `Backends`. Today that is the scalar reference (the row
-// functions of kvpack/codec/rows.hpp and the codecs' value functions); the AVX2, NEON and CUDA
-// kernels add one struct each with the same three static functions, and every test below then
-// also demands bit-identical codes from them.
+// Backends: every test is typed over `Backends`: the scalar reference (the row functions of
+// kvpack/codec/rows.hpp and the codecs' value functions) and the SIMD codes of this build
+// (kvtest::SimdCodes: the AVX2 or NEON quantizer and unpacker), from which every test below
+// demands bit-identical codes. CUDA adds its own struct when its host-callable paths exist.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -23,6 +23,7 @@
 
 #include "kvpack/codec/int_codec.hpp"
 #include "kvpack/codec/rows.hpp"
+#include "support/backends.hpp"
 #include "support/codec_ref.hpp"
 
 namespace {
@@ -54,7 +55,12 @@ struct ScalarBackend {
   }
 };
 
+// The SIMD backend of this build (AVX2 or NEON codes, tests/support/backends.hpp), if any.
+#if KVPACK_HAS_AVX2 || KVPACK_HAS_NEON
+using Backends = ::testing::Types<ScalarBackend, kvtest::SimdCodes>;
+#else
 using Backends = ::testing::Types<ScalarBackend>;
+#endif
 struct BackendNames {
   template <class B>
   static std::string GetName(int) {

@@ -21,7 +21,7 @@
 #include "kvpack/eviction/snapkv_select.hpp"
 #include "kvpack/policy.hpp"
 #include "kvpack/result.hpp"
-#include "scalar/attention.hpp"
+#include "dispatch.hpp"
 
 namespace kvpack {
 
@@ -90,6 +90,10 @@ class KVCache {
  public:
   using key_codec = typename KeysP::codec;
   using value_codec = typename ValuesP::codec;
+  /// Attention kernel backend: the Backend<> policy's tag (default Auto) resolved at compile time
+  /// by kernels/dispatch.hpp to Avx2, Neon or Scalar; an unavailable forced backend fails here.
+  using backend_tag =
+      kernels::resolved_backend_t<typename detail::find_role_t<role::backend, Backend<Auto>, Policies...>::tag>;
   static constexpr bool keys_per_channel = KeysP::per_channel;
   static constexpr int sink_tokens = detail::find_role_t<role::sinks, Sinks<0>, Policies...>::count;
   static constexpr int residual_tokens = detail::find_role_t<role::residual, Residual<0>, Policies...>::tokens;
@@ -531,7 +535,7 @@ class KVCache {
   }
 
   void run_kernel(const kernels::AttendArgs& a, const kernels::HeadSegments& seg) {
-    kernels::attend_scalar<key_codec, value_codec, keys_per_channel>(a, seg, layout_, scratch_);
+    kernels::attend<backend_tag, key_codec, value_codec, keys_per_channel>(a, seg, layout_, scratch_);
   }
 
   // Adds mass_ (ordinal layout of AttendArgs::key_mass) to slot and pending scores of head h.

@@ -76,9 +76,17 @@ struct Blocks {
   static constexpr int tokens = B;
 };
 
-/// Kernel backend tags. Auto picks the best kernel the target supports; the others force one.
+/// Kernel backend tags (kernels/dispatch.hpp resolves them at compile time).
+/// Auto: the best kernel the translation unit is compiled for (AVX2, then NEON, else scalar).
 struct Auto {};
+/// Portable scalar kernel (kernels/scalar/): the executable specification; always available.
 struct Scalar {};
+/// x86-64 AVX2 + FMA + F16C kernel (kernels/avx2/); needs KVPACK_HAS_AVX2 (-march=x86-64-v3).
+struct Avx2 {};
+/// AArch64 Advanced SIMD kernel (kernels/neon/); needs KVPACK_HAS_NEON.
+struct Neon {};
+/// Reserved for the CUDA kernels (kernels/cuda/); not accepted by the host KVCache::attend.
+struct Cuda {};
 /// Backend selection policy. Default: Backend<Auto>.
 template <class Tag>
 struct Backend {

@@ -1,0 +1,243 @@
+// AVX2 (+FMA, F16C) decode and encode of kvpack's stored codes: the register-level pieces of the
+// AVX2 attention kernel, and a SIMD quantizer. Bit-identical to the scalar reference
+// (include/kvpack/codec/rows.hpp and the codecs' encode_value/decode_value):
+//  * decode: x̂ = zero + scale * q as one multiply and one add (no FMA), fp16 metadata and Fp16
+//    values through F16C (exact), FP8 through the fp16 unit: an E5M2 code is the top byte of an
+//    fp16; an E4M3FN code c is fp16 bits ((c & 0x7F) << 7 | sign) times 2^8, with 0x7F/0xFF NaN;
+//  * encode (integer codecs): q = clamp(rne((x - zero) / scale)), a true division, clamp before
+//    the conversion, round half to even by _mm256_round_ps; packed as the scalar store_code does
+//    (INT4: element 2i in the low nibble of byte i, symmetric q + 8; INT8 two's complement or
+//    unsigned). Metadata are derived by the codec's own (scalar) derive, so codes and metadata
+//    bytes equal encode_row's.
+// Only compiled when KVPACK_HAS_AVX2 (config.hpp).
+#pragma once
+
+#include "kvpack/config.hpp"
+
+#if KVPACK_HAS_AVX2
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "kvpack/codec/rows.hpp"
+#include "simd_common.hpp"
+
+namespace kvpack::kernels::avx2 {
+
+namespace detail {
+
+[[nodiscard]] inline __m128i load32(const std::byte* p) noexcept {
+  std::int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm_cvtsi32_si128(v);
+}
+[[nodiscard]] inline __m128i load64(const std::byte* p) noexcept {
+  std::int64_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm_cvtsi64_si128(v);
+}
+[[nodiscard]] inline __m128i load128(const std::byte* p) noexcept {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+[[nodiscard]] inline float load_f32(const std::byte* p) noexcept {
+  float v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+[[nodiscard]] inline float load_f16(const std::byte* p) noexcept {
+  std::uint16_t h;
+  std::memcpy(&h, p, sizeof h);
+  return _cvtsh_ss(h);
+}
+
+/// 8 INT4 stored codes (elements 2i low nibble, 2i + 1 high nibble of byte i) from 4 bytes.
+[[nodiscard]] inline __m256i nibbles8(const std::byte* p) noexcept {
+  const __m128i b = load32(p);
+  const __m128i m = _mm_set1_epi8(0x0F);
+  const __m128i lo = _mm_and_si128(b, m);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+  return _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
+}
+
+/// 8 fp16 codes (in the 16-bit lanes of h) for 8 FP8 codes (the low 8 bytes of b).
+template <class Format>
+[[nodiscard]] inline __m256 fp8x8(__m128i b) noexcept {
+  const __m128i u = _mm_cvtepu8_epi16(b);
+  if constexpr (std::is_same_v<Format, E5M2>) {
+    return _mm256_cvtph_ps(_mm_slli_epi16(u, 8));
+  } else {
+    static_assert(std::is_same_v<Format, E4M3>, "FP8 format must be kvpack::E4M3 or kvpack::E5M2");
+    const __m128i mag = _mm_and_si128(u, _mm_set1_epi16(0x7F));
+    const __m128i sign = _mm_slli_epi16(_mm_and_si128(u, _mm_set1_epi16(0x80)), 8);
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7), sign);
+    const __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));  // exact: bias 15 -> 7
+    const __m256 nan_lanes =
+        _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7F))));
+    return _mm256_blendv_ps(v, _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()), nan_lanes);
+  }
+}
+
+}  // namespace detail
+
+/// Decodes elements [e, e + 8) of a row of codec C's codes with the group parameters s (scale)
+/// and z (zero-point, asymmetric integer codecs only) broadcast or per lane. e is a multiple of 8.
+template <KvCodec C>
+[[nodiscard]] inline __m256 decode8(const std::byte* row, std::size_t e, __m256 s, __m256 z) noexcept {
+  if constexpr (simd::IntCodecFamily<C>) {
+    __m256i q;
+    if constexpr (C::bits == 8) {
+      const __m128i b = detail::load64(row + e);
+      q = C::asymmetric ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
+    } else {
+      q = detail::nibbles8(row + e / 2);
+      if constexpr (!C::asymmetric) q = _mm256_sub_epi32(q, _mm256_set1_epi32(8));
+    }
+    const __m256 f = _mm256_mul_ps(s, _mm256_cvtepi32_ps(q));
+    if constexpr (C::asymmetric) return _mm256_add_ps(z, f);
+    else return f;
+  } else if constexpr (simd::Fp8CodecFamily<C>) {
+    return _mm256_mul_ps(detail::fp8x8<typename C::format>(detail::load64(row + e)), s);
+  } else if constexpr (std::is_same_v<C, Fp16>) {
+    return _mm256_cvtph_ps(detail::load128(row + 2 * e));
+  } else {
+    static_assert(std::is_same_v<C, Fp32>, "decode8: codec without an AVX2 decoder");
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row + 4 * e));
+  }
+}
+
+/// Decodes `count` metadata values (scale, zero-point, ... as stored: Meta = MetaF16 | MetaF32)
+/// into floats.
+template <class Meta>
+inline void load_meta_values(const std::byte* meta, std::size_t count, float* out) noexcept {
+  if constexpr (std::is_same_v<Meta, MetaF16>) {
+    const std::size_t body = count - count % 8;
+    for (std::size_t i = 0; i < body; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(detail::load128(meta + 2 * i)));
+    for (std::size_t k = 0; k < count % 8; ++k) out[body + k] = detail::load_f16(meta + 2 * (body + k));
+  } else {
+    std::memcpy(out, meta, count * sizeof(float));
+  }
+}
+
+/// Decodes one per-token row of n values (as kvpack::decode_row<C>). `tmp` holds >= 2n / 8 + 8
+/// floats of working memory (the row's decoded metadata).
+template <KvCodec C>
+inline void decode_row(const std::byte* codes, const std::byte* meta, int n, float* out, float* tmp) noexcept {
+  if constexpr (!simd::SimdDecodable<C>) {
+    kvpack::decode_row<C>(codes, meta, n, out);
+  } else if constexpr (C::grouped) {
+    constexpr int G = C::group_size;
+    constexpr int per = C::meta_bytes_per_group / C::meta_type::bytes;  // 2: scale + zero, 1: scale
+    const int ng = n / G;
+    load_meta_values<typename C::meta_type>(meta, static_cast<std::size_t>(ng * per), tmp);
+    for (int g = 0; g < ng; ++g) {
+      const __m256 s = _mm256_set1_ps(tmp[g * per]);
+      const __m256 z = per == 2 ? _mm256_set1_ps(tmp[g * per + 1]) : _mm256_setzero_ps();
+      for (int e = g * G; e < (g + 1) * G; e += 8)
+        _mm256_storeu_ps(out + e, decode8<C>(codes, static_cast<std::size_t>(e), s, z));
+    }
+  } else {
+    int e = 0;
+    const __m256 none = _mm256_setzero_ps();
+    for (; e + 8 <= n; e += 8) _mm256_storeu_ps(out + e, decode8<C>(codes, static_cast<std::size_t>(e), none, none));
+    for (; e < n; ++e) out[e] = C::decode_value(C::load_code(codes, static_cast<std::size_t>(e)), {});
+  }
+}
+
+/// Decodes the per-channel metadata of one key token group ([n][meta bytes]) into scale[n] and
+/// zero[n] (zero-points 0 for symmetric codecs). `tmp` holds >= 2n + 8 floats.
+template <GroupedCodec C>
+inline void load_channel_params(const std::byte* meta, int n, float* scale, float* zero, float* tmp) noexcept {
+  if constexpr (!simd::SimdDecodable<C>) {
+    for (int c = 0; c < n; ++c) {
+      const GroupParams p = C::load_params(meta + c * C::meta_bytes_per_group);
+      scale[c] = p.scale;
+      zero[c] = p.zero;
+    }
+  } else {
+    constexpr int per = C::meta_bytes_per_group / C::meta_type::bytes;
+    load_meta_values<typename C::meta_type>(meta, static_cast<std::size_t>(n * per), tmp);
+    for (int c = 0; c < n; ++c) {
+      scale[c] = tmp[c * per];
+      zero[c] = per == 2 ? tmp[c * per + 1] : 0.f;
+    }
+  }
+}
+
+/// Decodes one key row of a per-channel group (as kvpack::decode_row_channels<C>) from the
+/// decoded channel parameters.
+template <GroupedCodec C>
+inline void decode_row_channels(const std::byte* codes, const float* scale, const float* zero, int n,
+                                float* out) noexcept {
+  int e = 0;
+  if constexpr (simd::SimdDecodable<C>) {
+    for (; e + 8 <= n; e += 8)
+      _mm256_storeu_ps(out + e, decode8<C>(codes, static_cast<std::size_t>(e), _mm256_loadu_ps(scale + e),
+                                           _mm256_loadu_ps(zero + e)));
+  }
+  for (; e < n; ++e) out[e] = C::decode_value(C::load_code(codes, static_cast<std::size_t>(e)), {scale[e], zero[e]});
+}
+
+/// Decodes n codes that all share one GroupParams p (for tests and tools; the kernel decodes
+/// through decode_row / decode_row_channels).
+template <KvCodec C>
+inline void decode_codes(const std::byte* codes, std::size_t n, GroupParams p, float* out) noexcept {
+  std::size_t e = 0;
+  if constexpr (simd::SimdDecodable<C>) {
+    const __m256 s = _mm256_set1_ps(p.scale), z = _mm256_set1_ps(p.zero);
+    for (; e < n - n % 8; e += 8) _mm256_storeu_ps(out + e, decode8<C>(codes, e, s, z));
+  }
+  for (std::size_t k = 0; k < n - e; ++k) out[e + k] = C::decode_value(C::load_code(codes, e + k), p);
+}
+
+/// Encodes n values under one GroupParams p into packed codes, bit-identical to
+/// C::store_code(codes, i, C::encode_value(x[i], p)) for every i. Integer codecs only.
+/// For INT4, n is even and whole bytes are written.
+template <simd::IntCodecFamily C>
+inline void encode_codes(const float* x, std::size_t n, GroupParams p, std::byte* codes) noexcept {
+  const __m256 s = _mm256_set1_ps(p.scale), z = _mm256_set1_ps(p.zero);
+  const __m256 lo = _mm256_set1_ps(static_cast<float>(C::qmin)), hi = _mm256_set1_ps(static_cast<float>(C::qmax));
+  const std::size_t body = n - n % 8;
+  for (std::size_t i = 0; i < body; i += 8) {
+    __m256 t = _mm256_loadu_ps(x + i);
+    if constexpr (C::asymmetric) t = _mm256_sub_ps(t, z);
+    t = _mm256_div_ps(t, s);
+    t = _mm256_min_ps(_mm256_max_ps(t, lo), hi);  // clamp first (std::clamp order), never wraps
+    t = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256i q = _mm256_cvttps_epi32(t);
+    if constexpr (C::bits == 4) q = _mm256_sub_epi32(q, _mm256_set1_epi32(C::qmin));  // stored: q - qmin
+    const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+    if constexpr (C::bits == 8) {
+      const __m128i b = C::asymmetric ? _mm_packus_epi16(w16, w16) : _mm_packs_epi16(w16, w16);
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), b);
+    } else {
+      // 16-bit lanes u0..u7 -> bytes u0 | u1 << 4, u2 | u3 << 4, ...
+      const __m128i pair = _mm_or_si128(w16, _mm_srli_epi32(w16, 12));
+      const __m128i b32 = _mm_and_si128(pair, _mm_set1_epi32(0xFF));
+      const __m128i b = _mm_packus_epi16(_mm_packs_epi32(b32, b32), _mm_setzero_si128());
+      const std::int32_t v = _mm_cvtsi128_si32(b);
+      std::memcpy(codes + i / 2, &v, sizeof v);
+    }
+  }
+  for (std::size_t k = 0; k < n % 8; ++k) C::store_code(codes, body + k, C::encode_value(x[body + k], p));
+}
+
+/// Encodes one per-token row of n values (as kvpack::encode_row<C>): metadata by the codec's
+/// derive and store_params, codes by encode_codes against the stored parameters.
+template <simd::IntCodecFamily C>
+inline void encode_row(const float* x, int n, std::byte* codes, std::byte* meta) noexcept {
+  constexpr int G = C::group_size;
+  for (int g = 0; g < n / G; ++g) {
+    std::byte* m = meta + g * C::meta_bytes_per_group;
+    C::store_params(C::derive(x + g * G, 1, G), m);
+    encode_codes<C>(x + g * G, G, C::load_params(m), codes + C::code_bytes(static_cast<std::size_t>(g * G)));
+  }
+}
+
+}  // namespace kvpack::kernels::avx2
+
+#endif  // KVPACK_HAS_AVX2

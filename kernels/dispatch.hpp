@@ -1,0 +1,114 @@
+// Compile-time choice of the fused dequant-attention kernel.
+//
+//   kvpack::kernels::attend<BackendTag, KC, VC, KPerChannel>(args, segments, layout, scratch)
+//
+// runs attend_avx2, attend_neon or attend_scalar (same signature and semantics, outputs equal to
+// 1e-5 relative). Tags (include/kvpack/policy.hpp):
+//   Auto    the best kernel this translation unit is compiled for: Avx2 when KVPACK_HAS_AVX2,
+//           else Neon when KVPACK_HAS_NEON, else Scalar (config.hpp maps compiler macros;
+//           KVPACK_DISABLE_SIMD forces Scalar);
+//   Scalar  always available;
+//   Avx2, Neon  force one; a static_assert names the missing compiler flags when the translation
+//           unit is not compiled for it;
+//   Cuda    reserved: the CUDA kernels are launched through kernels/cuda/, not through this host
+//           dispatch (static_assert).
+// The choice is per translation unit, so every unit of a program must be compiled with the same
+// instruction-set flags (as with any header-only SIMD library).
+#pragma once
+
+#include <string_view>
+#include <type_traits>
+
+#include "kvpack/config.hpp"
+#include "kvpack/policy.hpp"
+#include "scalar/attention.hpp"
+#if KVPACK_HAS_AVX2
+#include "avx2/attention.hpp"
+#endif
+#if KVPACK_HAS_NEON
+#include "neon/attention.hpp"
+#endif
+
+namespace kvpack::kernels {
+
+namespace detail {
+template <class T>
+inline constexpr bool dependent_false_v = false;
+}  // namespace detail
+
+/// The backend tag a Backend<Tag> policy runs: Auto resolved, forced tags checked.
+template <class Tag>
+struct resolve_backend {
+  static_assert(detail::dependent_false_v<Tag>,
+                "kvpack::Backend<Tag>: Tag must be kvpack::Auto, kvpack::Scalar, kvpack::Avx2, kvpack::Neon or "
+                "kvpack::Cuda");
+};
+template <>
+struct resolve_backend<Auto> {
+  using type = std::conditional_t<KVPACK_HAS_AVX2 != 0, Avx2, std::conditional_t<KVPACK_HAS_NEON != 0, Neon, Scalar>>;
+};
+template <>
+struct resolve_backend<Scalar> {
+  using type = Scalar;
+};
+template <class Tag>
+  requires std::is_same_v<Tag, Avx2>
+struct resolve_backend<Tag> {
+  static_assert(KVPACK_HAS_AVX2 != 0 && sizeof(Tag) > 0,
+                "kvpack::Backend<Avx2>: this translation unit is not compiled for AVX2 + FMA + F16C; compile with "
+                "-march=x86-64-v3 (or -mavx2 -mfma -mf16c), or use Backend<Auto>");
+  using type = Avx2;
+};
+template <class Tag>
+  requires std::is_same_v<Tag, Neon>
+struct resolve_backend<Tag> {
+  static_assert(KVPACK_HAS_NEON != 0 && sizeof(Tag) > 0,
+                "kvpack::Backend<Neon>: this translation unit is not compiled for AArch64 Advanced SIMD; use an "
+                "aarch64 compiler (e.g. -march=armv8.2-a+dotprod+fp16), or use Backend<Auto>");
+  using type = Neon;
+};
+template <class Tag>
+  requires std::is_same_v<Tag, Cuda>
+struct resolve_backend<Tag> {
+  static_assert(detail::dependent_false_v<Tag>,
+                "kvpack::Backend<Cuda>: the CUDA kernels run through kernels/cuda/, not through the host "
+                "KVCache::attend; use Backend<Auto>, Scalar, Avx2 or Neon for a host cache");
+  using type = Cuda;
+};
+/// Resolved backend tag of Tag (Auto -> Avx2 | Neon | Scalar).
+template <class Tag>
+using resolved_backend_t = typename resolve_backend<Tag>::type;
+
+/// Short lower-case name of a resolved backend tag: "scalar", "avx2", "neon", "cuda".
+template <class Tag>
+inline constexpr std::string_view backend_name = std::is_same_v<Tag, Avx2>   ? "avx2"
+                                                 : std::is_same_v<Tag, Neon> ? "neon"
+                                                 : std::is_same_v<Tag, Cuda> ? "cuda"
+                                                                             : "scalar";
+
+/// Fused dequant-attention for one KV head and its query group on backend Tag (see above);
+/// contract of attend_scalar (kernels/scalar/attention.hpp).
+template <class Tag, KvCodec KC, KvCodec VC, bool KPerChannel>
+void attend(const AttendArgs& a, const HeadSegments& seg, const BlockLayout& L, Scratch& s) {
+  using R = resolved_backend_t<Tag>;
+#if KVPACK_HAS_AVX2
+  if constexpr (std::is_same_v<R, Avx2>) return attend_avx2<KC, VC, KPerChannel>(a, seg, L, s);
+#endif
+#if KVPACK_HAS_NEON
+  if constexpr (std::is_same_v<R, Neon>) return attend_neon<KC, VC, KPerChannel>(a, seg, L, s);
+#endif
+  if constexpr (std::is_same_v<R, Scalar>) return attend_scalar<KC, VC, KPerChannel>(a, seg, L, s);
+}
+
+}  // namespace kvpack::kernels
+
+namespace kvpack {
+
+/// Name of the attention kernel a cache type runs ("avx2", "neon" or "scalar"), resolved at
+/// compile time from its Backend<> policy and the instruction set of this translation unit.
+template <class Cache>
+[[nodiscard]] constexpr std::string_view active_backend_name() noexcept {
+  return kernels::backend_name<kernels::resolved_backend_t<typename Cache::backend_tag>>;
+}
+
+}  // namespace kvpack

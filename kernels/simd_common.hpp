@@ -1,0 +1,304 @@
+// The tile driver shared by kvpack's SIMD fused dequant-attention kernels (kernels/avx2/,
+// kernels/neon/). It follows the scalar kernel (kernels/scalar/attention.hpp, the spec) step by
+// step; each instruction set supplies only the vector primitives (an `Isa` type, see below).
+//
+// Per KV head and GQA group it streams the head's tokens in cache-index order (sinks, quantized
+// blocks, pending rows, the current chunk) in tiles of Isa::tile (16) keys:
+//   1. a quantized tile is dequantized once, in registers, into a small fp32 tile
+//      ([16][head_dim] floats for K and for V, L1-resident; full-precision rows are read in place);
+//   2. every query state (query i, group head j) is scored against every key of the tile, several
+//      states x several keys per register block, so K is read once per KV head;
+//   3. the online softmax (Milakov & Gimelshein 2018; FlashAttention) is updated per state in fp32:
+//      masked (BlockRef::valid), causally invisible and past-the-end keys get a -inf logit;
+//   4. V of the tile is accumulated into every state, several states x several dims per block.
+// key_mass (AttendArgs) is supported exactly as in the scalar kernel: logits are kept in scratch
+// and turned into probabilities once the final max and sum are known.
+//
+// Numerics: fp32 everywhere; sums run in a different order than the scalar kernel, and exp is a
+// polynomial (<= 2 ulp), so outputs agree with the scalar kernel to ~1e-6 relative (the contract
+// is 1e-5, tests/test_backend_kernels.cpp). Dequantized values are bit-identical to the scalar
+// decode (zero + scale * q with one multiply and one add, no FMA contraction).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <utility>
+
+#include "kvpack/cache/block.hpp"
+#include "kvpack/codec/float_codec.hpp"
+#include "kvpack/codec/fp8_codec.hpp"
+#include "kvpack/codec/int_codec.hpp"
+#include "scalar/attention.hpp"
+
+namespace kvpack::kernels::simd {
+
+// ---- codec families the SIMD decoders know (anything else falls back to the scalar decode) ----
+
+namespace detail {
+template <int B, class G, class M, class Me>
+std::true_type int_codec_base(const IntCodec<B, G, M, Me>*);
+std::false_type int_codec_base(const void*);
+template <class F, class G, class Me>
+std::true_type fp8_codec_base(const Fp8Codec<F, G, Me>*);
+std::false_type fp8_codec_base(const void*);
+}  // namespace detail
+
+/// INT8/INT4 codecs (kvpack::IntCodec and its Int8<>/Int4<> aliases).
+template <class C>
+concept IntCodecFamily = KvCodec<C> && decltype(detail::int_codec_base(static_cast<const C*>(nullptr)))::value;
+/// FP8 codecs (kvpack::Fp8Codec: Fp8E4M3<>, Fp8E5M2<>).
+template <class C>
+concept Fp8CodecFamily = KvCodec<C> && decltype(detail::fp8_codec_base(static_cast<const C*>(nullptr)))::value;
+/// Codecs with a SIMD decoder; others are decoded by the scalar decode_row into the tile.
+template <class C>
+concept SimdDecodable =
+    IntCodecFamily<C> || Fp8CodecFamily<C> || std::is_same_v<C, Fp16> || std::is_same_v<C, Fp32>;
+
+/// Calls f(std::integral_constant<int, 0>{}) ... f(std::integral_constant<int, N - 1>{}): a loop
+/// the compiler must unroll, so arrays of vector registers indexed by it stay in registers.
+template <int N, class F>
+inline void static_for(F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) { (f(std::integral_constant<int, I>{}), ...); }(
+      std::make_integer_sequence<int, N>{});
+}
+
+/// Keys per tile: 16 (a quarter of a 64-bit validity word, so one tile's mask is one shift away).
+inline constexpr int kTile = 16;
+
+/// Working memory the SIMD kernels carve out of kernels::Scratch (grown on demand, never shrunk):
+///   k_tile: [kTile][D] dequantized keys, then per-channel key scales [D] and zero-points [D],
+///           then decoded metadata of one row or one channel group (<= 2 * D floats, here 2 * D + 8);
+///   v_tile: [kTile][D] dequantized values;
+///   scores: [n_states][kTile] logits, then probabilities, of the current tile.
+struct TileMemory {
+  float* k_tile;
+  float* v_tile;
+  float* ch_scale;
+  float* ch_zero;
+  float* row_meta;
+  float* scores;
+};
+
+inline TileMemory prepare_scratch(Scratch& s, int n_states, int D) {
+  s.ensure(n_states, D, 1);
+  const auto Dz = static_cast<std::size_t>(D);
+  const std::size_t k_need = (kTile + 4) * Dz + 8;
+  if (s.k_tile.size() < k_need) s.k_tile.resize(k_need);
+  if (s.v_tile.size() < kTile * Dz) s.v_tile.resize(kTile * Dz);
+  const std::size_t sc_need = static_cast<std::size_t>(n_states) * kTile;
+  if (s.scores.size() < sc_need) s.scores.resize(sc_need);
+  float* k = s.k_tile.data();
+  return {k, s.v_tile.data(), k + kTile * Dz, k + (kTile + 1) * Dz, k + (kTile + 2) * Dz, s.scores.data()};
+}
+
+/// The fused kernel for one KV head over an instruction set `Isa`, head_dim DT (0 = run time).
+///
+/// `Isa` provides (all static):
+///   score<DT, JS, KS>(q[JS], k, k_stride, n, D, scale, out, out_stride)
+///       out[j * out_stride + t] = scale * dot(q[j], k + t * k_stride) for t < n;
+///   accumulate<DT, JS>(acc[JS], p[JS], v, v_stride, n, live, D)
+///       acc[j][d] += p[j][t] * v[t * v_stride + d] for t < n whose bit in `live` is set;
+///   mask_max(row, visible, bits): row[t] = -inf unless t < visible and bit t of bits is set;
+///       returns the max of row[0, kTile);
+///   exp_sum(row, m): row[t] = exp(row[t] - m) for t < kTile (exp(-inf) = 0); returns the sum;
+///   scale(x, D, c): x *= c;  store_scaled(out, acc, D, c): out = acc * c;
+///   add_key_mass(km, lg, n, m, inv): km[o] += exp(lg[o] - m) * inv (lg = -inf adds nothing);
+///   decode_row<C>(codes, meta, D, out, row_meta)            per-token row of codec C;
+///   load_channel_params<C>(meta, D, scale, zero, row_meta)  per-channel key group metadata;
+///   decode_row_channels<C>(codes, scale, zero, D, out)      per-channel key row.
+template <class Isa, KvCodec KC, KvCodec VC, bool KPerChannel, int DT>
+void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayout& L, Scratch& s) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  constexpr int T = kTile;
+  const int D = DT > 0 ? DT : a.head_dim;
+  const auto Dz = static_cast<std::size_t>(D);
+  const int G = a.group;
+  const int n_states = a.n_q * G;
+  const TileMemory mem = prepare_scratch(s, n_states, D);
+  std::fill_n(s.m.begin(), n_states, kNegInf);
+  std::fill_n(s.l.begin(), n_states, 0.f);
+  std::fill_n(s.acc.begin(), static_cast<std::size_t>(n_states) * Dz, 0.f);
+
+  const std::int64_t blocks_ord = seg.sinks.count;
+  const std::int64_t pending_ord = blocks_ord + static_cast<std::int64_t>(seg.blocks.size()) * L.tokens;
+  const std::int64_t chunk_ord = pending_ord + seg.pending.count;
+  if (a.key_mass) {
+    s.n_ordinals = chunk_ord + seg.chunk.count;
+    const auto need = static_cast<std::size_t>(n_states) * static_cast<std::size_t>(s.n_ordinals);
+    if (s.logits.size() < need) s.logits.resize(need);
+    std::fill_n(s.logits.begin(), need, kNegInf);
+  }
+  const std::int64_t last_query = a.q_first + a.n_q - 1;
+  auto q_of = [&](int st) { return a.q + (st / G) * a.q_stride + (st % G) * D; };
+  auto acc_of = [&](int st) { return s.acc.data() + static_cast<std::size_t>(st) * Dz; };
+  auto row_of = [&](int st) { return mem.scores + static_cast<std::size_t>(st) * T; };
+
+  // One tile of n <= T keys: K rows at kt + t * ks, V rows at vt + t * vs, cache indices
+  // first + t (causal) or, when `masked`, slots whose bit in `bits` is set (visible to all).
+  auto tile = [&](const float* kt, std::int64_t ks, const float* vt, std::int64_t vs, std::int64_t first, int n,
+                  std::uint32_t bits, bool masked, std::int64_t ordinal) {
+    // States are ordered by query, so visibility only grows with st: skip the blind prefix.
+    int st0 = 0;
+    if (!masked) {
+      const std::int64_t blind_queries = std::clamp<std::int64_t>(first - a.q_first, 0, a.n_q);
+      st0 = static_cast<int>(blind_queries) * G;
+    }
+    if (st0 >= n_states) return;
+    // 1. Scores.
+    for (int st = st0; st < n_states;) {
+      const int rem = n_states - st;
+      const float* q[4] = {q_of(st), rem > 1 ? q_of(st + 1) : nullptr, rem > 2 ? q_of(st + 2) : nullptr,
+                           rem > 3 ? q_of(st + 3) : nullptr};
+      float* out = row_of(st);
+      if (rem >= 4) {
+        Isa::template score<DT, 4, 2>(q, kt, ks, n, D, a.scale, out, T);
+        st += 4;
+      } else if (rem == 3) {
+        Isa::template score<DT, 3, 2>(q, kt, ks, n, D, a.scale, out, T);
+        st += 3;
+      } else if (rem == 2) {
+        Isa::template score<DT, 2, 4>(q, kt, ks, n, D, a.scale, out, T);
+        st += 2;
+      } else {
+        Isa::template score<DT, 1, 8>(q, kt, ks, n, D, a.scale, out, T);
+        st += 1;
+      }
+    }
+    // 2. Online softmax per state.
+    for (int st = st0; st < n_states; ++st) {
+      float* row = row_of(st);
+      const int visible =
+          masked ? n : static_cast<int>(std::clamp<std::int64_t>(a.q_first + st / G - first + 1, 0, n));
+      const float mx = Isa::mask_max(row, visible, masked ? bits : 0xFFFFFFFFu);
+      if (a.key_mass && visible > 0) std::copy_n(row, n, s.logits.data() + st * s.n_ordinals + ordinal);
+      if (mx == kNegInf) {  // nothing visible: contributes nothing
+        std::fill_n(row, T, 0.f);
+        continue;
+      }
+      const float m_new = std::max(s.m[static_cast<std::size_t>(st)], mx);
+      const float corr = std::exp(s.m[static_cast<std::size_t>(st)] - m_new);  // 0 on the first tile
+      const float sum = Isa::exp_sum(row, m_new);
+      s.l[static_cast<std::size_t>(st)] = s.l[static_cast<std::size_t>(st)] * corr + sum;
+      if (corr != 1.f) Isa::scale(acc_of(st), D, corr);
+      s.m[static_cast<std::size_t>(st)] = m_new;
+    }
+    // 3. Accumulate V. Masked-out slots are skipped (their bytes need not decode to finite values);
+    // every other key is a real token, so p = 0 for a state that cannot see it adds exactly 0.
+    const std::uint32_t live = masked ? bits : (n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1u);
+    for (int st = st0; st < n_states;) {
+      const int rem = n_states - st;
+      float* acc[4] = {acc_of(st), rem > 1 ? acc_of(st + 1) : nullptr, rem > 2 ? acc_of(st + 2) : nullptr,
+                       rem > 3 ? acc_of(st + 3) : nullptr};
+      const float* p[4] = {row_of(st), rem > 1 ? row_of(st + 1) : nullptr, rem > 2 ? row_of(st + 2) : nullptr,
+                           rem > 3 ? row_of(st + 3) : nullptr};
+      if (rem >= 4) {
+        Isa::template accumulate<DT, 4>(acc, p, vt, vs, n, live, D);
+        st += 4;
+      } else if (rem == 3) {
+        Isa::template accumulate<DT, 3>(acc, p, vt, vs, n, live, D);
+        st += 3;
+      } else if (rem == 2) {
+        Isa::template accumulate<DT, 2>(acc, p, vt, vs, n, live, D);
+        st += 2;
+      } else {
+        Isa::template accumulate<DT, 1>(acc, p, vt, vs, n, live, D);
+        st += 1;
+      }
+    }
+  };
+
+  auto exact = [&](const ExactRows& r, std::int64_t ordinal) {
+    for (std::int64_t t0 = 0; t0 < r.count; t0 += T) {
+      if (r.first + t0 > last_query) break;  // causal: no query sees these rows
+      const int n = static_cast<int>(std::min<std::int64_t>(T, r.count - t0));
+      tile(r.k + t0 * r.stride, r.stride, r.v + t0 * r.stride, r.stride, r.first + t0, n, 0xFFFFFFFFu, false,
+           ordinal + t0);
+    }
+  };
+
+  exact(seg.sinks, 0);
+  for (std::size_t i = 0; i < seg.blocks.size(); ++i) {
+    const BlockRef& b = seg.blocks[i];
+    if (b.count == 0 || (!b.valid && b.first > last_query)) continue;
+    const std::int64_t ordinal = blocks_ord + static_cast<std::int64_t>(i) * L.tokens;
+    int channel_group = -1;  // per-channel key metadata currently decoded
+    for (int t0 = 0; t0 < b.count; t0 += T) {
+      const int n = std::min(T, b.count - t0);
+      std::uint32_t bits = 0xFFFFFFFFu;
+      if (b.valid) {
+        bits = static_cast<std::uint32_t>((b.valid[t0 / 64] >> (t0 % 64)) & 0xFFFFu);
+        if (n < 32) bits &= (1u << n) - 1u;
+        if (bits == 0) continue;  // every slot masked out (key_mass logits stay -inf)
+      } else if (b.first + t0 > last_query) {
+        break;
+      }
+      // Dequantize the tile (masked-out rows are left as they are: never read unmasked).
+      const float* kt = mem.k_tile;
+      const float* vt = mem.v_tile;
+      if constexpr (std::is_same_v<KC, Fp32> && !KPerChannel) {
+        kt = reinterpret_cast<const float*>(b.data + L.k_codes + static_cast<std::size_t>(t0) * L.k_row);
+      } else {
+        for (int t = 0; t < n; ++t) {
+          if (!((bits >> t) & 1u)) continue;
+          const auto tt = static_cast<std::size_t>(t0 + t);
+          float* kr = mem.k_tile + static_cast<std::size_t>(t) * Dz;
+          if constexpr (KPerChannel) {
+            const int g = (t0 + t) / L.k_group;
+            if (g != channel_group) {
+              Isa::template load_channel_params<KC>(b.data + L.k_meta + static_cast<std::size_t>(g) * L.k_meta_group,
+                                                    D, mem.ch_scale, mem.ch_zero, mem.row_meta);
+              channel_group = g;
+            }
+            Isa::template decode_row_channels<KC>(b.data + L.k_codes + tt * L.k_row, mem.ch_scale, mem.ch_zero, D, kr);
+          } else {
+            Isa::template decode_row<KC>(b.data + L.k_codes + tt * L.k_row, b.data + L.k_meta + tt * L.k_meta_token,
+                                         D, kr, mem.row_meta);
+          }
+        }
+      }
+      if constexpr (std::is_same_v<VC, Fp32>) {
+        vt = reinterpret_cast<const float*>(b.data + L.v_codes + static_cast<std::size_t>(t0) * L.v_row);
+      } else {
+        for (int t = 0; t < n; ++t) {
+          if (!((bits >> t) & 1u)) continue;
+          const auto tt = static_cast<std::size_t>(t0 + t);
+          Isa::template decode_row<VC>(b.data + L.v_codes + tt * L.v_row, b.data + L.v_meta + tt * L.v_meta_token, D,
+                                       mem.v_tile + static_cast<std::size_t>(t) * Dz, mem.row_meta);
+        }
+      }
+      tile(kt, D, vt, D, b.first + t0, n, bits, b.valid != nullptr, ordinal + t0);
+    }
+  }
+  exact(seg.pending, pending_ord);
+  exact(seg.chunk, chunk_ord);
+
+  if (a.key_mass) {
+    for (int st = 0; st < n_states; ++st) {
+      const float l = s.l[static_cast<std::size_t>(st)];
+      if (!(l > 0.f)) continue;
+      Isa::add_key_mass(a.key_mass, s.logits.data() + st * s.n_ordinals, s.n_ordinals,
+                        s.m[static_cast<std::size_t>(st)], 1.f / l);
+    }
+  }
+  for (int st = 0; st < n_states; ++st) {
+    const float l = s.l[static_cast<std::size_t>(st)];
+    Isa::store_scaled(a.out + (st / G) * a.out_stride + (st % G) * D, acc_of(st), D, l > 0.f ? 1.f / l : 0.f);
+  }
+}
+
+/// Runs attend_tiled with head_dim 64, 128 or 256 fixed at compile time, any other at run time.
+template <class Isa, KvCodec KC, KvCodec VC, bool KPerChannel>
+void attend_dispatch_dim(const AttendArgs& a, const HeadSegments& seg, const BlockLayout& L, Scratch& s) {
+  switch (a.head_dim) {
+    case 64: return attend_tiled<Isa, KC, VC, KPerChannel, 64>(a, seg, L, s);
+    case 128: return attend_tiled<Isa, KC, VC, KPerChannel, 128>(a, seg, L, s);
+    case 256: return attend_tiled<Isa, KC, VC, KPerChannel, 256>(a, seg, L, s);
+    default: return attend_tiled<Isa, KC, VC, KPerChannel, 0>(a, seg, L, s);
+  }
+}
+
+}  // namespace kvpack::kernels::simd
