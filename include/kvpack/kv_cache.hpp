@@ -497,7 +497,12 @@ class KVCache {
     const std::int64_t chunk_start = L.total - L.chunk_tokens;
     const Head& H = L.heads[static_cast<std::size_t>(h)];
     kernels::HeadSegments seg;
-    seg.sinks = {L.sink_k.data() + hoff, L.sink_v.data() + hoff, stride, 0, L.sinks_held};
+    // Rows of head h inside a [tokens][kv_heads][D] buffer; an empty buffer gives no rows (and no
+    // pointer arithmetic on its null data()).
+    auto rows = [&](const std::vector<float>& buf, std::int64_t first_row) -> const float* {
+      return buf.empty() ? nullptr : buf.data() + first_row * stride + hoff;
+    };
+    seg.sinks = {rows(L.sink_k, 0), rows(L.sink_v, 0), stride, 0, L.sinks_held};
     refs_.clear();
     const auto pend_n = static_cast<std::int64_t>(L.pend_pos.size());
     const std::int64_t pend_first = L.total - pend_n;
@@ -521,11 +526,10 @@ class KVCache {
     }
     seg.blocks = refs_;
     const std::int64_t pend_count = std::max<std::int64_t>(0, chunk_start - pend_first);
-    seg.pending = {L.pend_k.data() + hoff, L.pend_v.data() + hoff, stride, pend_first, std::min(pend_count, pend_n)};
+    seg.pending = {rows(L.pend_k, 0), rows(L.pend_v, 0), stride, pend_first, std::min(pend_count, pend_n)};
     const std::int64_t chunk_first = std::max<std::int64_t>(chunk_start, L.sinks_held);
     const std::int64_t skip = chunk_first - chunk_start;
-    seg.chunk = {L.chunk_k.data() + skip * stride + hoff, L.chunk_v.data() + skip * stride + hoff, stride, chunk_first,
-                 L.total - chunk_first};
+    seg.chunk = {rows(L.chunk_k, skip), rows(L.chunk_v, skip), stride, chunk_first, L.total - chunk_first};
     return seg;
   }
 
