@@ -3,7 +3,9 @@
 //  * decode_split_kernel + decode_combine_kernel: split-K flash-decoding (FlashDecoding, Dao et
 //    al. 2023) of one decode query per query head. Grid (kv_heads, splits): each CTA takes one
 //    KV head and a contiguous range of tiles (a tile = one quantized block of B tokens, or B fp32
-//    "exact" rows such as the current token), dequantizes K and V chunk by chunk in registers,
+//    "exact" rows such as the current token), stages each block's codes and metadata into shared
+//    memory with cp.async (double buffered: the next block is in flight while one is computed),
+//    dequantizes K and V chunk by chunk in registers,
 //    scores EVERY query head of the GQA group against each key it loads (K and V read once per
 //    KV head, not once per query head), keeps an online softmax per query head (fp32), and
 //    writes one partial (m, l, acc[D]) per (query head, split). The combine kernel merges the
@@ -17,7 +19,8 @@
 //  * first_non_finite_kernel: index of the first NaN/Inf of a buffer (append rejects it).
 //
 // Per-token keys only (per-channel/KIVI keys are not implemented on the device); grouped codecs
-// only (Int8, Int4, Fp8E4M3, Fp8E5M2); head_dim a multiple of 8 and <= 256; GQA group <= 8.
+// only (Int8, Int4, Fp8E4M3, Fp8E5M2); head_dim a multiple of 8 and <= 256; GQA group <= 8;
+// two blocks' codes + metadata must fit in shared memory (sm_80+: cp.async).
 // The host API that launches these and checks every CUDA call is kernels/cuda/device_cache.cuh.
 // The scalar kernel (kernels/scalar/attention.hpp) is the specification: outputs agree to 1e-5
 // relative (tests/cuda/test_cuda_decode.cu).
@@ -72,6 +75,7 @@ struct DecodeArgs {
   int head_dim = 0, group = 1, kv_heads = 0;
   float scale = 1.f;           ///< softmax scale applied to q . k
   int tiles_per_split = 0, n_splits = 1;
+  int tile_bytes = 0;          ///< bytes of a block staged in shared memory (BlockLayout::positions rounded up to 16)
   float* part_m = nullptr;     ///< [q_heads][n_splits]
   float* part_l = nullptr;     ///< [q_heads][n_splits]
   float* part_acc = nullptr;   ///< [q_heads][n_splits][head_dim]
@@ -89,6 +93,16 @@ __device__ inline float warp_sum(float x) {
   for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xFFFFFFFFu, x, off);
   return x;
 }
+
+/// 16-byte asynchronous global -> shared copy (sm_80+, bypassing L1) and its group fences.
+__device__ inline void cp_async16(void* smem, const void* gmem) {
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+/// Waits until at most the most recently committed group is still pending.
+__device__ inline void cp_async_wait_all_but_last() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+__device__ inline void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 /// Dequantized chunk (8 channels starting at channel 8 * chunk) of token t of a block.
 template <class DC>
@@ -116,6 +130,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const Deco
   __shared__ float s_p[GMAX][B];  // scores, then probabilities, of the current tile
   __shared__ float s_m[GMAX], s_l[GMAX], s_corr[GMAX];
   __shared__ float s_red[GMAX][kMaxHeadDim];
+  extern __shared__ __align__(16) std::uint8_t s_tiles[];  // 2 x a.tile_bytes: staged blocks
 
   const int h = static_cast<int>(blockIdx.x);
   const int split = static_cast<int>(blockIdx.y);
@@ -154,7 +169,28 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const Deco
   const int units = a.n_blocks + exact_tiles;
   const int u0 = split * a.tiles_per_split;
   const int u1 = min(units, u0 + a.tiles_per_split);
+  // Quantized blocks are staged into shared memory by cp.async (16-byte, coalesced), double
+  // buffered: block u + 1 is in flight while block u is computed. Empty blocks are never copied.
+  auto block_index = [&](int u) { return static_cast<std::int64_t>(h) * a.blocks.max_blocks + u; };
+  auto has_tokens = [&](int u) {
+    const std::uint64_t* w = a.blocks.valid + block_index(u) * a.blocks.words;
+    std::uint64_t any = 0;
+    for (int i = 0; i < a.blocks.words; ++i) any |= w[i];
+    return any != 0;
+  };
+  auto stage = [&](int u) {
+    const std::uint8_t* src = a.blocks.data + block_index(u) * a.blocks.block_stride;
+    std::uint8_t* dst = s_tiles + (u & 1) * a.tile_bytes;
+    for (int i = static_cast<int>(threadIdx.x) * 16; i < a.tile_bytes; i += kDecodeThreads * 16)
+      device_detail::cp_async16(dst + i, src + i);
+  };
+  if (u0 < u1 && u0 < a.n_blocks && has_tokens(u0)) stage(u0);
+  device_detail::cp_async_commit();
   for (int u = u0; u < u1; ++u) {
+    if (u + 1 < u1 && u + 1 < a.n_blocks && has_tokens(u + 1)) stage(u + 1);
+    device_detail::cp_async_commit();
+    device_detail::cp_async_wait_all_but_last();  // block u has landed (this thread's copies)
+    __syncthreads();                               // ... and every other thread's
     const bool quant = u < a.n_blocks;
     const std::uint8_t* blk = nullptr;
     const std::uint64_t* vw = nullptr;
@@ -162,12 +198,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const Deco
     const float* ev = nullptr;
     int n_tok = B;
     if (quant) {
-      const std::int64_t bi = static_cast<std::int64_t>(h) * a.blocks.max_blocks + u;
-      vw = a.blocks.valid + bi * a.blocks.words;
-      std::uint64_t any = 0;
-      for (int w = 0; w < a.blocks.words; ++w) any |= vw[w];
-      if (any == 0) continue;  // empty block (all slots evicted or unused): payload never read
-      blk = a.blocks.data + bi * a.blocks.block_stride;
+      if (!has_tokens(u)) continue;  // empty block (all slots evicted or unused): payload never read
+      vw = a.blocks.valid + block_index(u) * a.blocks.words;
+      blk = s_tiles + (u & 1) * a.tile_bytes;
     } else {
       const int t0 = (u - a.n_blocks) * B;
       n_tok = min(B, a.exact.count - t0);
@@ -265,6 +298,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(const Deco
     }
     __syncthreads();
   }
+
+  device_detail::cp_async_wait_all();  // nothing may stay in flight (the last group is empty)
 
   // Reduce the accumulators over the tokens a warp covers (lanes with the same chunk), then over
   // warps in a fixed order (deterministic), into s_red.

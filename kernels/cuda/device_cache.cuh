@@ -283,12 +283,13 @@ class DeviceCache {
     a.part_l = base + heads_splits;
     a.part_acc = base + 2 * heads_splits;
     last_splits_ = a.n_splits;
+    a.tile_bytes = static_cast<int>((layout_.positions + 15) / 16 * 16);
     const dim3 grid(static_cast<unsigned>(shape_.kv_heads), static_cast<unsigned>(a.n_splits));
-    if (group <= 1) decode_split_kernel<key_codec, value_codec, block_tokens, 1><<<grid, kDecodeThreads, 0, stream_>>>(a);
-    else if (group <= 2) decode_split_kernel<key_codec, value_codec, block_tokens, 2><<<grid, kDecodeThreads, 0, stream_>>>(a);
-    else if (group <= 4) decode_split_kernel<key_codec, value_codec, block_tokens, 4><<<grid, kDecodeThreads, 0, stream_>>>(a);
-    else decode_split_kernel<key_codec, value_codec, block_tokens, 8><<<grid, kDecodeThreads, 0, stream_>>>(a);
-    KVPACK_CUDA_TRY(cudaGetLastError());
+    Status launched = group <= 1   ? launch_decode<1>(a, grid)
+                      : group <= 2 ? launch_decode<2>(a, grid)
+                      : group <= 4 ? launch_decode<4>(a, grid)
+                                   : launch_decode<8>(a, grid);
+    if (!launched) return launched;
     decode_combine_kernel<><<<static_cast<unsigned>(shape_.q_heads), 128, 0, stream_>>>(
         a.part_m, a.part_l, a.part_acc, a.n_splits, shape_.head_dim, d_out);
     KVPACK_CUDA_TRY(cudaGetLastError());
@@ -386,6 +387,22 @@ class DeviceCache {
 
  private:
   DeviceCache() = default;
+
+  // Launches the split pass with GMAX >= group; 2 staged blocks of dynamic shared memory (the
+  // opt-in above 48 KiB is requested once per kernel instantiation and size).
+  template <int GMAX>
+  Status launch_decode(const DecodeArgs& a, dim3 grid) {
+    auto* kernel = &decode_split_kernel<key_codec, value_codec, block_tokens, GMAX>;
+    const auto dyn = static_cast<std::size_t>(2 * a.tile_bytes);
+    static std::size_t configured = 0;
+    if (dyn > configured) {
+      KVPACK_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dyn)));
+      configured = dyn;
+    }
+    kernel<<<grid, kDecodeThreads, dyn, stream_>>>(a);
+    KVPACK_CUDA_TRY(cudaGetLastError());
+    return {};
+  }
 
   [[nodiscard]] Status synchronize_const() const {
     KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));
