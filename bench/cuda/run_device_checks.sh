@@ -114,6 +114,11 @@ if [[ $status_build == ok* ]]; then
     tail -n 120 "$logs/ctest.log"
   fi
   summary_tests=$(grep -E "tests passed|tests failed|Not Run|\*\*\*Skipped|\*\*\*Failed" "$logs/ctest.log" | head -n 20)
+  if grep -q '\*\*\*Skipped' "$logs/ctest.log"; then
+    # Exit 77 = the test's main found no usable CUDA device: on a GPU machine that is a failure.
+    status_tests="SKIPPED (exit 77: no usable CUDA device; $logs/ctest.log)"
+    fail=1
+  fi
   helpers=$(find "$build/cmake" -name test_cuda_helpers -type f -perm -u+x | head -n 1)
   if [ -n "$helpers" ] && "$helpers" >"$logs/helpers.log" 2>&1; then
     status_helpers="ok ($(grep -E '^\[  PASSED' "$logs/helpers.log"))"
