@@ -32,10 +32,18 @@ namespace kvpack {
 /// Keyframe reference mode: every delta is taken against the reconstructed keyframe (random access).
 struct Anchor {
   static constexpr bool chained = false;
+  static constexpr bool plain_only = false;
 };
 /// Keyframe reference mode: every delta is taken against the previous reconstructed token.
 struct Chained {
   static constexpr bool chained = true;
+  static constexpr bool plain_only = false;
+};
+/// Measurement control: the keyframe layout, bytes and commit rule of Keyframe<...>, but every
+/// interval is stored in plain mode (never deltas). Isolates what delta coding itself contributes.
+struct PlainOnly {
+  static constexpr bool chained = false;
+  static constexpr bool plain_only = true;
 };
 
 /// Delta / keyframe codec for a whole interval of tokens of one KV head (usable as the codec of
@@ -56,8 +64,8 @@ template <int Interval, KvCodec DeltaCodec, KvCodec KeyframeCodec = Fp16, class 
 struct Keyframe {
   static_assert(Interval >= 2 && Interval <= 1024 && (Interval & (Interval - 1)) == 0,
                 "kvpack::Keyframe<Interval, ...>: Interval must be a power of two in [2, 1024]");
-  static_assert(std::is_same_v<Ref, Anchor> || std::is_same_v<Ref, Chained>,
-                "kvpack::Keyframe<..., Ref>: Ref must be kvpack::Anchor or kvpack::Chained");
+  static_assert(std::is_same_v<Ref, Anchor> || std::is_same_v<Ref, Chained> || std::is_same_v<Ref, PlainOnly>,
+                "kvpack::Keyframe<..., Ref>: Ref must be kvpack::Anchor, kvpack::Chained or kvpack::PlainOnly");
   using keyframe_tag = void;  ///< marks keyframe codecs (is_keyframe_codec_v)
   using delta_codec = DeltaCodec;
   using keyframe_codec = KeyframeCodec;
@@ -162,9 +170,10 @@ struct Keyframe {
   /// (used_bytes(count, D) bytes). Returns true when the interval is stored in delta mode, false
   /// for plain mode. With Choice::best (the never-expand rule) both modes are coded and the one
   /// with the smaller total squared reconstruction error is kept (ties: plain); force_* are for
-  /// measurements. `err2` (optional) receives the kept mode's sum of squared errors.
+  /// measurements (Ref = PlainOnly always codes plain). `err2` (optional) receives the kept mode's sum of squared errors.
   static bool encode_interval(const float* x, std::ptrdiff_t stride, int count, int D, std::byte* dst,
                               Choice choice = Choice::best, double* err2 = nullptr) {
+    if constexpr (Ref::plain_only) choice = Choice::force_plain;
     const auto Dz = static_cast<std::size_t>(D);
     const std::size_t db = delta_bytes(Dz);
     encode_row<KeyframeCodec>(x, D, dst, dst + KeyframeCodec::code_bytes(Dz));
