@@ -138,6 +138,8 @@ class KVCache {
     if constexpr (keys_keyframe && values_keyframe) return key_codec::interval == value_codec::interval;
     else return true;
   }(), "kvpack::KVCache<...>: Keys<Keyframe<I1,...>> and Values<Keyframe<I2,...>> need I1 == I2");
+  static_assert(!keys_per_channel || !any_keyframe,
+                "kvpack::KVCache<...>: Keys<Codec, PerChannel> cannot be combined with a Keyframe<...> value codec");
   static_assert(!evicts || !any_keyframe,
                 "kvpack::KVCache<...>: eviction policies cannot remove single tokens from a Keyframe<...> interval");
   static_assert(!keys_per_channel || block_tokens % key_codec::group_size == 0,
