@@ -71,8 +71,8 @@ struct PlainOnly {
 ///    the in-order streaming kernel.
 template <int Interval, KvCodec DeltaCodec, KvCodec KeyframeCodec = Fp16, class Ref = Anchor>
 struct Keyframe {
-  static_assert(Interval >= 2 && Interval <= 1024 && (Interval & (Interval - 1)) == 0,
-                "kvpack::Keyframe<Interval, ...>: Interval must be a power of two in [2, 1024]");
+  static_assert(Interval >= 8 && Interval <= 1024 && (Interval & (Interval - 1)) == 0,
+                "kvpack::Keyframe<Interval, ...>: Interval must be a power of two in [8, 1024] (a block holds one interval)");
   static_assert(std::is_same_v<Ref, Anchor> || std::is_same_v<Ref, Chained> || std::is_same_v<Ref, PlainOnly>,
                 "kvpack::Keyframe<..., Ref>: Ref must be kvpack::Anchor, kvpack::Chained or kvpack::PlainOnly");
   using keyframe_tag = void;  ///< marks keyframe codecs (is_keyframe_codec_v)
