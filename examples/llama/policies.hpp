@@ -49,6 +49,17 @@ using Registry = PolicyList<
     // Eviction at a 1024-token budget (not default: they only act on contexts above 1024).
     Policy<"int4-g32+sink-window-1k", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SinkWindow<4, 1020>>, false>,
     Policy<"int4-g32+h2o-1k", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, H2O<512, 508, 4>>, false>,
+    // Delta / keyframe coding (codec/keyframe.hpp; not default), 5.17 bits/value: fp16 keyframe every
+    // 64 tokens, INT4-g32 deltas, never-expand per interval; kf64-plain is the same layout and
+    // commit rule (up to 63 newest tokens in fp32) without deltas, the control. Measured
+    // (examples/RESULTS-keyframe.md, WikiText-2 ctx 2048 x 2): ΔPPL kf64-plain +3.12 %, anchor
+    // +1.15 %, chained +0.76 % (KL 0.0057) vs kivi4-r0 +0.67 % (KL 0.0070, 5.27 bits measured).
+    // Deltas help per-token keys (MSE / 4.2 chained), per-channel keys do as well; values: no.
+    Policy<"kf64-plain", KVCache<Keys<Keyframe<64, Int4<Group<32>>, Fp16, PlainOnly>>, Values<Keyframe<64, Int4<Group<32>>, Fp16, PlainOnly>>>, false>,
+    Policy<"kf64-anchor", KVCache<Keys<Keyframe<64, Int4<Group<32>>, Fp16, Anchor>>, Values<Keyframe<64, Int4<Group<32>>, Fp16, Anchor>>>, false>,
+    Policy<"kf64-chained", KVCache<Keys<Keyframe<64, Int4<Group<32>>, Fp16, Chained>>, Values<Keyframe<64, Int4<Group<32>>, Fp16, Chained>>>, false>,
+    // Control for kf64-*: KIVI keys without kivi4's 128-token fp32 residual (incomplete key group in fp32).
+    Policy<"kivi4-r0", KVCache<Keys<Int4<Group<32>>, PerChannel>, Values<Int4<Group<32>>>>, false>,
     // Not run by default: the engine's own cache without kvpack, and a destructive cache (every V
     // stored as zero) that proves the cache is in the path of every scored token.
     Policy<"reference", ReferenceCache, false>,

@@ -22,6 +22,7 @@
 #include "kvpack/policy.hpp"
 #include "kvpack/result.hpp"
 #include "dispatch.hpp"
+#include "scalar/keyframe_attention.hpp"
 
 namespace kvpack {
 
@@ -50,6 +51,12 @@ struct HeadContents {
 ///  * Residual<R>   most recent R tokens kept in fp32 (default 0)
 ///  * Blocks<B>     tokens per storage block (default 64, or the per-channel key group if larger)
 ///  * Backend<Tag>  kernel choice (default Auto)
+///
+/// Keyframe<Interval, ...> codecs (codec/keyframe.hpp) for K and/or V: blocks hold exactly one
+/// interval (Blocks<> defaults to Interval; another size is a compile error), tokens are committed
+/// a whole interval at a time (up to Interval - 1 newest tokens wait in fp32, as KIVI's key group),
+/// and attention runs the scalar keyframe kernel (kernels/scalar/keyframe_attention.hpp) on every
+/// backend. Not combinable with eviction policies.
 ///
 /// Token lifecycle per layer: appended tokens fill the sinks first, then a full-precision pending
 /// list; at the end of every append, the oldest pending tokens beyond the residual window are
@@ -95,10 +102,21 @@ class KVCache {
   using backend_tag =
       kernels::resolved_backend_t<typename detail::find_role_t<role::backend, Backend<Auto>, Policies...>::tag>;
   static constexpr bool keys_per_channel = KeysP::per_channel;
+  /// Whether K / V use a Keyframe<...> codec, and the keyframe interval (0 when neither does).
+  static constexpr bool keys_keyframe = is_keyframe_codec_v<key_codec>;
+  static constexpr bool values_keyframe = is_keyframe_codec_v<value_codec>;
+  static constexpr bool any_keyframe = keys_keyframe || values_keyframe;
+  static constexpr int keyframe_interval = [] {
+    if constexpr (keys_keyframe) return key_codec::interval;
+    else if constexpr (values_keyframe) return value_codec::interval;
+    else return 0;
+  }();
   static constexpr int sink_tokens = detail::find_role_t<role::sinks, Sinks<0>, Policies...>::count;
   static constexpr int residual_tokens = detail::find_role_t<role::residual, Residual<0>, Policies...>::tokens;
   static constexpr int block_tokens =
-      detail::find_role_t<role::blocks, Blocks<(keys_per_channel && key_codec::group_size > 64 ? key_codec::group_size : 64)>,
+      detail::find_role_t<role::blocks,
+                          Blocks<(any_keyframe ? keyframe_interval
+                                               : (keys_per_channel && key_codec::group_size > 64 ? key_codec::group_size : 64))>,
                           Policies...>::tokens;
   /// Bits per stored value, metadata included (full-precision sinks/residual not included).
   static constexpr double key_bits_per_value = key_codec::bits_per_value;
@@ -113,6 +131,17 @@ class KVCache {
   static_assert(!evicts || !keys_per_channel,
                 "kvpack::KVCache<...>: token-level eviction (SinkWindow, H2O, SnapKV) needs per-token keys; "
                 "per-channel key groups cannot lose single tokens");
+  static_assert(!any_keyframe || block_tokens == keyframe_interval,
+                "kvpack::KVCache<...>: with a Keyframe<Interval, ...> codec, a block holds exactly one interval: "
+                "Blocks<B> must equal Interval (and K and V keyframe intervals must match)");
+  static_assert(!(keys_keyframe && values_keyframe) || []() {
+    if constexpr (keys_keyframe && values_keyframe) return key_codec::interval == value_codec::interval;
+    else return true;
+  }(), "kvpack::KVCache<...>: Keys<Keyframe<I1,...>> and Values<Keyframe<I2,...>> need I1 == I2");
+  static_assert(!keys_per_channel || !any_keyframe,
+                "kvpack::KVCache<...>: Keys<Codec, PerChannel> cannot be combined with a Keyframe<...> value codec");
+  static_assert(!evicts || !any_keyframe,
+                "kvpack::KVCache<...>: eviction policies cannot remove single tokens from a Keyframe<...> interval");
   static_assert(!keys_per_channel || block_tokens % key_codec::group_size == 0,
                 "kvpack::KVCache<...>: with Keys<Codec, PerChannel>, Blocks<B> must be a multiple of the key group "
                 "size (a block holds whole groups of tokens)");
@@ -128,10 +157,10 @@ class KVCache {
       return bad("q_heads (" + std::to_string(shape.q_heads) + ") must be a multiple of kv_heads (" +
                  std::to_string(shape.kv_heads) + ")");
     if (shape.head_dim % 2 != 0) return bad("head_dim must be even");
-    if (!keys_per_channel && key_codec::grouped && shape.head_dim % key_codec::group_size != 0)
+    if (!keys_per_channel && (key_codec::grouped || keys_keyframe) && shape.head_dim % key_codec::group_size != 0)
       return bad("head_dim " + std::to_string(shape.head_dim) + " is not a multiple of the key group size " +
                  std::to_string(key_codec::group_size));
-    if (value_codec::grouped && shape.head_dim % value_codec::group_size != 0)
+    if ((value_codec::grouped || values_keyframe) && shape.head_dim % value_codec::group_size != 0)
       return bad("head_dim " + std::to_string(shape.head_dim) + " is not a multiple of the value group size " +
                  std::to_string(value_codec::group_size));
     if (shape.max_tokens > std::numeric_limits<std::int32_t>::max()) return bad("max_tokens exceeds 2^31 - 1");
@@ -378,8 +407,12 @@ class KVCache {
     std::vector<std::int32_t> tp;
     for (std::size_t bi = 0; bi < H.blocks.size(); ++bi) {
       const Block& b = H.blocks[bi];
-      kernels::scalar_detail::dequantize_block<key_codec, value_codec, keys_per_channel>(
-          layout_, kernels::BlockRef{b.data.get(), 0, b.header.count, nullptr}, s);
+      if constexpr (any_keyframe)
+        kernels::keyframe_detail::decode_block<key_codec, value_codec>(layout_, b.data.get(), b.header.flags,
+                                                                       b.header.count, s.k_tile.data(), s.v_tile.data());
+      else
+        kernels::scalar_detail::dequantize_block<key_codec, value_codec, keys_per_channel>(
+            layout_, kernels::BlockRef{b.data.get(), 0, b.header.count, nullptr}, s);
       const auto* pos = reinterpret_cast<const std::int32_t*>(b.data.get() + layout_.positions);
       for (std::size_t t = 0; t < b.header.count; ++t) {
         const std::size_t slot = bi * static_cast<std::size_t>(block_tokens) + t;
@@ -521,7 +554,7 @@ class KVCache {
         const std::int64_t first = L.sinks_held + static_cast<std::int64_t>(refs_.size()) * block_tokens;
         const std::int64_t count = std::min<std::int64_t>(b.header.count, chunk_start - first);
         if (count <= 0) break;
-        refs_.push_back({b.data.get(), first, static_cast<int>(count), nullptr});
+        refs_.push_back({b.data.get(), first, static_cast<int>(count), nullptr, b.header.flags});
       }
     }
     seg.blocks = refs_;
@@ -539,7 +572,10 @@ class KVCache {
   }
 
   void run_kernel(const kernels::AttendArgs& a, const kernels::HeadSegments& seg) {
-    kernels::attend<backend_tag, key_codec, value_codec, keys_per_channel>(a, seg, layout_, scratch_);
+    if constexpr (any_keyframe)
+      kernels::attend_keyframe<key_codec, value_codec>(a, seg, layout_, scratch_);
+    else
+      kernels::attend<backend_tag, key_codec, value_codec, keys_per_channel>(a, seg, layout_, scratch_);
   }
 
   // Adds mass_ (ordinal layout of AttendArgs::key_mass) to slot and pending scores of head h.
@@ -571,7 +607,7 @@ class KVCache {
   // Quantizes the oldest pending tokens beyond the residual window into blocks, in whole commit
   // units (1 token, or one key group of tokens for per-channel keys).
   void commit(Layer& L) {
-    constexpr std::int64_t unit = keys_per_channel ? key_codec::group_size : 1;
+    constexpr std::int64_t unit = any_keyframe ? keyframe_interval : keys_per_channel ? key_codec::group_size : 1;
     const auto pending = static_cast<std::int64_t>(L.pend_pos.size());
     const std::int64_t n_commit = (pending - residual_tokens) / unit * unit;
     if (n_commit <= 0) return;
@@ -599,6 +635,18 @@ class KVCache {
         Block& b = H.blocks[static_cast<std::size_t>(slot / block_tokens)];
         const auto off = static_cast<std::size_t>(slot % block_tokens);
         std::byte* d = b.data.get();
+        if constexpr (keys_keyframe) {
+          const bool delta = key_codec::encode_interval(L.pend_k.data() + static_cast<std::size_t>(t0) * stride + hoff,
+                                                        static_cast<std::ptrdiff_t>(stride), static_cast<int>(unit),
+                                                        static_cast<int>(D), d + BL.k_codes);
+          b.header.flags = static_cast<std::uint8_t>((b.header.flags & ~2u) | (delta ? 2u : 0u));
+        }
+        if constexpr (values_keyframe) {
+          const bool delta = value_codec::encode_interval(L.pend_v.data() + static_cast<std::size_t>(t0) * stride + hoff,
+                                                          static_cast<std::ptrdiff_t>(stride), static_cast<int>(unit),
+                                                          static_cast<int>(D), d + BL.v_codes);
+          b.header.flags = static_cast<std::uint8_t>((b.header.flags & ~4u) | (delta ? 4u : 0u));
+        }
         if constexpr (keys_per_channel) {
           encode_channels<key_codec>(L.pend_k.data() + static_cast<std::size_t>(t0) * stride + hoff,
                                      static_cast<std::ptrdiff_t>(stride), static_cast<int>(D),
@@ -608,11 +656,12 @@ class KVCache {
         for (std::int64_t u = 0; u < unit; ++u) {
           const auto t = static_cast<std::size_t>(t0 + u);
           const auto s = off + static_cast<std::size_t>(u);
-          if constexpr (!keys_per_channel)
+          if constexpr (!keys_per_channel && !keys_keyframe)
             encode_row<key_codec>(L.pend_k.data() + t * stride + hoff, static_cast<int>(D), d + BL.k_codes + s * BL.k_row,
                                   d + BL.k_meta + s * BL.k_meta_token);
-          encode_row<value_codec>(L.pend_v.data() + t * stride + hoff, static_cast<int>(D), d + BL.v_codes + s * BL.v_row,
-                                  d + BL.v_meta + s * BL.v_meta_token);
+          if constexpr (!values_keyframe)
+            encode_row<value_codec>(L.pend_v.data() + t * stride + hoff, static_cast<int>(D), d + BL.v_codes + s * BL.v_row,
+                                    d + BL.v_meta + s * BL.v_meta_token);
           std::memcpy(d + BL.positions + s * sizeof(std::int32_t), &L.pend_pos[t], sizeof(std::int32_t));
         }
         if (!evicts || off + static_cast<std::size_t>(unit) > b.header.count)

@@ -8,6 +8,7 @@
 #include "kvpack/codec/float_codec.hpp"
 #include "kvpack/codec/fp8_codec.hpp"
 #include "kvpack/codec/int_codec.hpp"
+#include "kvpack/codec/keyframe.hpp"
 
 namespace kvpack {
 
@@ -28,8 +29,9 @@ struct PerToken {};
 /// The last, incomplete group of tokens waits in full precision until group_size tokens arrive.
 struct PerChannel {};
 
-/// Codec (and grouping axis) of the keys. Default when absent: Keys<Fp32>.
-template <KvCodec Codec, class Axis = PerToken>
+/// Codec (and grouping axis) of the keys. Default when absent: Keys<Fp32>. Keyframe<...> codecs
+/// (codec/keyframe.hpp) are accepted with the per-token axis.
+template <CacheCodec Codec, class Axis = PerToken>
 struct Keys {
   static_assert(std::is_same_v<Axis, PerToken> || std::is_same_v<Axis, PerChannel>,
                 "kvpack::Keys<Codec, Axis>: Axis must be kvpack::PerToken or kvpack::PerChannel");
@@ -41,8 +43,9 @@ struct Keys {
   static constexpr bool per_channel = std::is_same_v<Axis, PerChannel>;
 };
 
-/// Codec of the values, always grouped per token. Default when absent: Values<Fp32>.
-template <KvCodec Codec>
+/// Codec of the values, always grouped per token (or a Keyframe<...> codec). Default when absent:
+/// Values<Fp32>.
+template <CacheCodec Codec>
 struct Values {
   using kvpack_role = role::values;
   using codec = Codec;

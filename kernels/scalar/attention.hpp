@@ -41,6 +41,7 @@ struct BlockRef {
   std::int64_t first = 0;
   int count = 0;
   const std::uint64_t* valid = nullptr;
+  std::uint8_t flags = 0;  ///< the block's BlockHeader::flags (keyframe delta/plain mode bits)
 };
 
 /// Everything one KV head holds, in cache-index order.
@@ -79,6 +80,7 @@ struct Scratch {
   std::vector<float> logits;                 // [n_states][n_ordinals] when key_mass is requested
   std::int64_t n_ordinals = 0;
   std::vector<GroupParams> channel_params;  // per-channel key metadata of one token group
+  std::vector<float> block_scores;           // keyframe kernel: [n_states][BlockTokens] probabilities
   void ensure(int n_states, int head_dim, int tile) {
     const auto ns = static_cast<std::size_t>(n_states);
     const auto D = static_cast<std::size_t>(head_dim);

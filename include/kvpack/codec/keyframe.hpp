@@ -1,0 +1,242 @@
+// Keyframe / delta coding along the token axis (the video-codec idea applied to a KV block):
+// the first token of every `Interval` tokens is a keyframe stored with KeyframeCodec (fp16 or a
+// wider integer code); each following token is stored as a quantized difference (DeltaCodec,
+// per-token groups along head_dim) against a reconstructed reference:
+//  * Anchor  -- the reconstructed keyframe: x̂_t = k̂ + d̂_t, d_t = x_t - k̂. Every token decodes with
+//               one addition (random access); the error of a token does not depend on its offset.
+//  * Chained -- the previous reconstructed token: x̂_t = x̂_{t-1} + d̂_t, d_t = x_t - x̂_{t-1}.
+//               Closed loop: the encoder quantizes against what the decoder will hold, so
+//               quantization error does not accumulate along the interval; decoding token t needs
+//               the running sum of deltas 1..t.
+// Never expand: for every interval the encoder also codes the tokens plainly (DeltaCodec applied
+// to x_t itself, same bytes) and keeps whichever reconstructs with the smaller sum of squared
+// errors (ties keep plain). The choice is one bit per interval, recorded by the cache in the block
+// header (BlockHeader::flags bit 1 for keys, bit 2 for values; see block.hpp).
+//
+// Measured verdict: see the doc comment of kvpack::Keyframe below and examples/RESULTS-keyframe.md.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "kvpack/codec/concepts.hpp"
+#include "kvpack/codec/float_codec.hpp"
+#include "kvpack/codec/rows.hpp"
+
+namespace kvpack {
+
+/// Keyframe reference mode: every delta is taken against the reconstructed keyframe (random access).
+struct Anchor {
+  static constexpr bool chained = false;
+  static constexpr bool plain_only = false;
+};
+/// Keyframe reference mode: every delta is taken against the previous reconstructed token.
+struct Chained {
+  static constexpr bool chained = true;
+  static constexpr bool plain_only = false;
+};
+/// Measurement control: the keyframe layout, bytes and commit rule of Keyframe<...>, but every
+/// interval is stored in plain mode (never deltas). Isolates what delta coding itself contributes.
+struct PlainOnly {
+  static constexpr bool chained = false;
+  static constexpr bool plain_only = true;
+};
+
+/// Delta / keyframe codec for a whole interval of tokens of one KV head (usable as the codec of
+/// Keys<> (per-token axis only) and Values<>). Interval must equal the cache's block size
+/// (KVCache defaults Blocks<> to it), and the cache commits whole intervals: up to Interval - 1
+/// newest tokens wait in fp32 (counted by memory_bytes), like the incomplete group of KIVI keys.
+///
+/// Byte layout of one interval of head_dim D (little-endian, as the row codecs):
+///   [keyframe: KeyframeCodec codes code_bytes(D) | metadata row_meta_bytes(D)]
+///   [(Interval - 1) x delta row: DeltaCodec codes code_bytes(D) | metadata row_meta_bytes(D)]
+/// Exact bits per value, metadata included:
+///   (KeyframeCodec::bits_per_value + (Interval - 1) * DeltaCodec::bits_per_value) / Interval
+/// e.g. Keyframe<64, Int4<Group<32>>, Fp16> = (16 + 63 * 5) / 64 = 5.171875.
+///
+/// Measured verdict (examples/RESULTS-keyframe.md: SmolLM2-135M, all 30 layers, 2048 WikiText-2
+/// tokens, Keyframe<64, Int4<Group<32>>, Fp16> at 5.17 bits/value vs its plain mode at the same bytes):
+///  * helps KEYS coded per token: MSE / 4.2 (Chained) or / 2.0 (Anchor) on post-RoPE K, / 4.7 and
+///    / 3.1 on pre-RoPE K, max error 1.41 -> 0.92; end to end ΔPPL +3.12 % -> +0.76 % (Chained) or
+///    +1.15 % (Anchor), KL 0.0190 -> 0.0057 (WikiText-2 ctx 2048, 2 windows).
+///  * but per-channel INT4 keys (KIVI, 5.0 bits/value) do as well or better: K MSE 7.4e-3 vs
+///    1.04e-2 (Chained), ΔPPL +0.67 % vs +0.76 % (KL 0.0070 vs 0.0057): a delta mainly removes the
+///    per-channel offset of the slowly rotating channels, which per-channel scales remove too.
+///  * does not help VALUES: forced deltas raise V's MSE by 58 % (Anchor) / 26 % (Chained); the
+///    never-expand rule keeps 94 % / 72 % of V intervals plain and gains 0.6 % / 5 % MSE.
+///  * Chained beat Anchor on every measure; Anchor's one-addition random access is not needed by
+///    the in-order streaming kernel.
+template <int Interval, KvCodec DeltaCodec, KvCodec KeyframeCodec = Fp16, class Ref = Anchor>
+struct Keyframe {
+  static_assert(Interval >= 8 && Interval <= 1024 && (Interval & (Interval - 1)) == 0,
+                "kvpack::Keyframe<Interval, ...>: Interval must be a power of two in [8, 1024] (a block holds one interval)");
+  static_assert(std::is_same_v<Ref, Anchor> || std::is_same_v<Ref, Chained> || std::is_same_v<Ref, PlainOnly>,
+                "kvpack::Keyframe<..., Ref>: Ref must be kvpack::Anchor, kvpack::Chained or kvpack::PlainOnly");
+  using keyframe_tag = void;  ///< marks keyframe codecs (is_keyframe_codec_v)
+  using delta_codec = DeltaCodec;
+  using keyframe_codec = KeyframeCodec;
+  using reference = Ref;
+  static constexpr int interval = Interval;
+  static constexpr bool chained = Ref::chained;
+  /// Bits of a delta code (reported in BlockHeader::k_bits / v_bits).
+  static constexpr int bits = DeltaCodec::bits;
+  /// Not a grouped codec in the KVCache sense (no per-channel keys); group_size is the multiple
+  /// head_dim must be (the larger of the two codecs' per-token group sizes; both are powers of two).
+  static constexpr bool grouped = false;
+  static constexpr int group_size = std::max(DeltaCodec::group_size, KeyframeCodec::group_size);
+  static constexpr double bits_per_value =
+      (KeyframeCodec::bits_per_value + (Interval - 1) * DeltaCodec::bits_per_value) / Interval;
+
+  /// Bytes of the keyframe row / of one delta row / of a whole interval, head_dim D.
+  [[nodiscard]] static constexpr std::size_t keyframe_bytes(std::size_t D) noexcept {
+    return KeyframeCodec::code_bytes(D) + row_meta_bytes<KeyframeCodec>(D);
+  }
+  [[nodiscard]] static constexpr std::size_t delta_bytes(std::size_t D) noexcept {
+    return DeltaCodec::code_bytes(D) + row_meta_bytes<DeltaCodec>(D);
+  }
+  /// Bytes used by the first `count` tokens of an interval (0 <= count <= Interval).
+  [[nodiscard]] static constexpr std::size_t used_bytes(std::size_t count, std::size_t D) noexcept {
+    return count == 0 ? 0 : keyframe_bytes(D) + (count - 1) * delta_bytes(D);
+  }
+  [[nodiscard]] static constexpr std::size_t interval_bytes(std::size_t D) noexcept { return used_bytes(Interval, D); }
+  /// Byte offset of token t's row (t = 0: the keyframe) inside its interval.
+  [[nodiscard]] static constexpr std::size_t offset(std::size_t t, std::size_t D) noexcept { return used_bytes(t, D); }
+
+  /// Decodes the keyframe row of an interval into out[0..D).
+  static void decode_keyframe(const std::byte* src, int D, float* out) noexcept {
+    const auto Dz = static_cast<std::size_t>(D);
+    decode_row<KeyframeCodec>(src, src + KeyframeCodec::code_bytes(Dz), D, out);
+  }
+  /// Decodes the raw DeltaCodec row of token t >= 1 (a delta, or the plain value) into out.
+  static void decode_delta_row(const std::byte* src, std::size_t t, int D, float* out) noexcept {
+    const auto Dz = static_cast<std::size_t>(D);
+    const std::byte* r = src + offset(t, Dz);
+    decode_row<DeltaCodec>(r, r + DeltaCodec::code_bytes(Dz), D, out);
+  }
+
+  /// Streaming decoder of one interval: call next() for t = 0, 1, 2, ... in order; each call
+  /// writes token t's reconstruction into out[0..D) using one addition per value (a running sum
+  /// for Chained, the kept keyframe for Anchor). Its only state is the caller's D-float `ref`
+  /// buffer (no copy of the interval, no allocation). This is the encoder's exact reconstruction
+  /// rule (bit-identical).
+  class Stream {
+   public:
+    Stream(const std::byte* src, bool delta_mode, int D, float* ref) noexcept
+        : src_(src), delta_(delta_mode), D_(D), ref_(ref) {}
+    void next(float* out) noexcept {
+      if (t_ == 0) {
+        decode_keyframe(src_, D_, ref_);
+        std::copy(ref_, ref_ + D_, out);
+      } else {
+        decode_delta_row(src_, t_, D_, out);
+        if (delta_) {
+          for (int d = 0; d < D_; ++d) out[d] = add(ref_[d], out[d]);
+          if constexpr (chained) std::copy(out, out + D_, ref_);
+        }
+      }
+      ++t_;
+    }
+
+   private:
+    const std::byte* src_;
+    bool delta_;
+    int D_;
+    float* ref_;
+    std::size_t t_ = 0;
+  };
+
+  /// Random access: token t of an interval into out[0..D). Anchor: keyframe + delta (one
+  /// addition); Chained: keyframe + running sum of deltas 1..t (O(t) rows read).
+  static void decode_token(const std::byte* src, bool delta_mode, int t, int D, float* out) {
+    if (t == 0 || !delta_mode || !chained) {
+      if (t == 0) return decode_keyframe(src, D, out);
+      decode_delta_row(src, static_cast<std::size_t>(t), D, out);
+      if (!delta_mode) return;
+      std::vector<float> k(static_cast<std::size_t>(D));
+      decode_keyframe(src, D, k.data());
+      for (int d = 0; d < D; ++d) out[d] = add(k[static_cast<std::size_t>(d)], out[d]);
+      return;
+    }
+    std::vector<float> ref(static_cast<std::size_t>(D));
+    Stream s(src, delta_mode, D, ref.data());
+    for (int i = 0; i <= t; ++i) s.next(out);
+  }
+
+  /// Decodes the first `count` tokens of an interval into out ([count][D] row-major).
+  static void decode_interval(const std::byte* src, bool delta_mode, int count, int D, float* out) {
+    std::vector<float> ref(static_cast<std::size_t>(D));
+    Stream s(src, delta_mode, D, ref.data());
+    for (int t = 0; t < count; ++t) s.next(out + static_cast<std::size_t>(t) * static_cast<std::size_t>(D));
+  }
+
+  /// Which mode to store an interval in.
+  enum class Choice { best, force_delta, force_plain };
+
+  /// Encodes `count` (1..Interval) tokens x[t * stride + d] (finite) of one interval into dst
+  /// (used_bytes(count, D) bytes). Returns true when the interval is stored in delta mode, false
+  /// for plain mode. With Choice::best (the never-expand rule) both modes are coded and the one
+  /// with the smaller total squared reconstruction error is kept (ties: plain); force_* are for
+  /// measurements (Ref = PlainOnly always codes plain). `err2` (optional) receives the kept mode's sum of squared errors.
+  static bool encode_interval(const float* x, std::ptrdiff_t stride, int count, int D, std::byte* dst,
+                              Choice choice = Choice::best, double* err2 = nullptr) {
+    if constexpr (Ref::plain_only) choice = Choice::force_plain;
+    const auto Dz = static_cast<std::size_t>(D);
+    const std::size_t db = delta_bytes(Dz);
+    encode_row<KeyframeCodec>(x, D, dst, dst + KeyframeCodec::code_bytes(Dz));
+    std::vector<float> key(Dz), ref(Dz), diff(Dz), rec(Dz);
+    decode_keyframe(dst, D, key.data());
+    double kf_err = 0;
+    for (std::size_t d = 0; d < Dz; ++d) kf_err += sq(static_cast<double>(x[d]) - key[d]);
+    // Delta mode into a temporary, plain mode into another; keep one.
+    std::vector<std::byte> delta_rows((static_cast<std::size_t>(count) - 1) * db), plain_rows(delta_rows.size());
+    double e_delta = 0, e_plain = 0;
+    if (choice != Choice::force_plain) {
+      ref = key;
+      for (int t = 1; t < count; ++t) {
+        const float* xt = x + t * stride;
+        for (std::size_t d = 0; d < Dz; ++d) diff[d] = xt[d] - ref[d];
+        std::byte* r = delta_rows.data() + static_cast<std::size_t>(t - 1) * db;
+        encode_row<DeltaCodec>(diff.data(), D, r, r + DeltaCodec::code_bytes(Dz));
+        decode_row<DeltaCodec>(r, r + DeltaCodec::code_bytes(Dz), D, rec.data());
+        for (std::size_t d = 0; d < Dz; ++d) {
+          rec[d] = add(ref[d], rec[d]);
+          e_delta += sq(static_cast<double>(xt[d]) - rec[d]);
+        }
+        if constexpr (chained) ref = rec;
+      }
+    }
+    if (choice != Choice::force_delta) {
+      for (int t = 1; t < count; ++t) {
+        const float* xt = x + t * stride;
+        std::byte* r = plain_rows.data() + static_cast<std::size_t>(t - 1) * db;
+        encode_row<DeltaCodec>(xt, D, r, r + DeltaCodec::code_bytes(Dz));
+        decode_row<DeltaCodec>(r, r + DeltaCodec::code_bytes(Dz), D, rec.data());
+        for (std::size_t d = 0; d < Dz; ++d) e_plain += sq(static_cast<double>(xt[d]) - rec[d]);
+      }
+    }
+    const bool use_delta = choice == Choice::force_delta || (choice == Choice::best && e_delta < e_plain);
+    const auto& rows = use_delta ? delta_rows : plain_rows;
+    std::copy(rows.begin(), rows.end(), dst + keyframe_bytes(Dz));
+    if (err2) *err2 = kf_err + (use_delta ? e_delta : e_plain);
+    return use_delta;
+  }
+
+ private:
+  // The reconstruction addition (reference + decoded delta): one rounding, shared by the encoder
+  // and every decoder so reconstructions are bit-identical (tests/test_keyframe_codec.cpp).
+  [[nodiscard]] static float add(float a, float b) noexcept { return a + b; }
+  [[nodiscard]] static double sq(double v) noexcept { return v * v; }
+};
+
+/// True for Keyframe<...> codecs.
+template <class C>
+inline constexpr bool is_keyframe_codec_v = requires { typename C::keyframe_tag; };
+
+/// A codec a KVCache role accepts: a row codec (KvCodec) or a keyframe codec.
+template <class C>
+concept CacheCodec = KvCodec<C> || is_keyframe_codec_v<C>;
+
+}  // namespace kvpack
