@@ -1,0 +1,411 @@
+// __host__ __device__ building blocks of kvpack's CUDA kernels: code unpacking, per-group
+// dequantization, the device-side quantizer (bit-identical to the host codecs), and the
+// online-softmax merge of split-K partials.
+//
+// This header compiles as plain C++20 too (g++, clang++: KVPACK_HOST_DEVICE is empty there), so
+// every helper is unit-tested on the host (tests/test_cuda_helpers.cpp) against float64
+// references and the host codecs; the kernels (kernels/cuda/attention.cuh) only compose them.
+//
+// Codes and metadata follow include/kvpack/codec/int_codec.hpp and fp8_codec.hpp exactly:
+//  * INT4: unsigned nibbles (symmetric q + 8), element 2i in the LOW nibble of byte i;
+//  * INT8: symmetric two's-complement int8, asymmetric uint8; FP8: one OCP E4M3FN/E5M2 byte;
+//  * metadata per group of G values: scale, then zero-point (asymmetric integers only), each
+//    fp16 or fp32, little-endian;
+//  * quantization q = clamp(rne((x - zero) / scale)) by IEEE division (__fdiv_rn on device),
+//    scales rounded UP and zero-points DOWN to the metadata precision (DESIGN.md "Numerics").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "kvpack/codec/fp8_codec.hpp"
+#include "kvpack/codec/int_codec.hpp"
+#include "kvpack/codec/params.hpp"
+#include "kvpack/config.hpp"
+#include "kvpack/numeric.hpp"
+
+#if !defined(__CUDA_ARCH__)
+#include <cmath>
+#endif
+
+namespace kvpack::cuda {
+
+/// How a codec's codes decode on the device.
+enum class CodeKind : std::uint8_t { int_symmetric, int_asymmetric, e4m3, e5m2 };
+
+/// Device view of a grouped kvpack codec (Int8<...>, Int4<...>, Fp8E4M3<...>, Fp8E5M2<...>).
+/// `supported` is false for Fp32/Fp16 (no device kernels for ungrouped codecs).
+template <class C>
+struct DeviceCodec {
+  static constexpr bool supported = false;
+};
+
+template <class C>
+  requires requires { typename C::meta_type; } && (C::grouped)
+struct DeviceCodec<C> {
+  static constexpr bool supported = true;
+  static constexpr bool is_fp8 = requires { typename C::format; };
+  static constexpr int bits = C::bits;                 ///< bits per stored code (4 or 8)
+  static constexpr int group = C::group_size;          ///< values per scale (G)
+  static constexpr bool asymmetric = C::asymmetric;    ///< has a zero-point
+  static constexpr bool meta_f16 = std::is_same_v<typename C::meta_type, MetaF16>;
+  static constexpr int meta_value_bytes = meta_f16 ? 2 : 4;      ///< bytes of one scale or zero
+  static constexpr int meta_bytes = C::meta_bytes_per_group;     ///< bytes per group
+  static constexpr float meta_max = meta_f16 ? kFp16Max : 3.40282347e+38f;
+  static constexpr CodeKind kind = [] {
+    if constexpr (requires { typename C::format; }) {
+      return std::is_same_v<typename C::format, E4M3> ? CodeKind::e4m3 : CodeKind::e5m2;
+    } else {
+      return C::asymmetric ? CodeKind::int_asymmetric : CodeKind::int_symmetric;
+    }
+  }();
+  static constexpr int qmin = is_fp8 ? 0 : (asymmetric ? 0 : -(1 << (bits - 1)));
+  static constexpr int qmax = is_fp8 ? 0 : (asymmetric ? (1 << bits) - 1 : (1 << (bits - 1)) - 1);
+  /// Largest finite value of the FP8 element format (448 or 57344); 0 for integer codecs.
+  static constexpr float fp8_max = kind == CodeKind::e4m3 ? kE4M3Max : (kind == CodeKind::e5m2 ? kE5M2Max : 0.f);
+};
+
+/// Values handled together by one lane of the attention kernel: a chunk of 8 consecutive
+/// channels (always inside one group, as every group size is a power of two >= 8).
+inline constexpr int kChunk = 8;
+
+// ------------------------------------------------------------------------------------------------
+// Bits and bytes
+// ------------------------------------------------------------------------------------------------
+
+/// -Inf as a constant usable in device code.
+inline constexpr float kNegInf = detail::bit_cast<float>(0xFF800000u);
+/// Largest finite float.
+inline constexpr float kFloatMax = 3.40282347e+38f;
+
+/// Little-endian 16- and 32-bit loads from unaligned bytes.
+[[nodiscard]] KVPACK_HOST_DEVICE inline std::uint32_t load_le16(const std::uint8_t* p) noexcept {
+  return static_cast<std::uint32_t>(p[0]) | (static_cast<std::uint32_t>(p[1]) << 8);
+}
+[[nodiscard]] KVPACK_HOST_DEVICE inline std::uint32_t load_le32(const std::uint8_t* p) noexcept {
+  return load_le16(p) | (load_le16(p + 2) << 16);
+}
+
+/// The two stored 4-bit codes of one INT4 byte: element 2i (low nibble) and 2i + 1 (high nibble).
+struct Nibbles {
+  unsigned lo, hi;
+};
+[[nodiscard]] KVPACK_HOST_DEVICE constexpr Nibbles unpack_int4(std::uint8_t byte) noexcept {
+  return {static_cast<unsigned>(byte & 0x0Fu), static_cast<unsigned>(byte >> 4)};
+}
+/// Packs two stored 4-bit codes (each < 16) into one byte, element 2i in the low nibble.
+[[nodiscard]] KVPACK_HOST_DEVICE constexpr std::uint8_t pack_int4(unsigned lo, unsigned hi) noexcept {
+  return static_cast<std::uint8_t>((lo & 0x0Fu) | ((hi & 0x0Fu) << 4));
+}
+
+/// Stored codes of one chunk of kChunk = 8 values: INT4 uses w[0] (nibble e at bits 4e), 8-bit
+/// codes use w[0] (bytes 0..3) and w[1] (bytes 4..7), byte e at bits 8(e % 4).
+struct ChunkCodes {
+  std::uint32_t w[2];
+};
+
+/// Reads the codes of a chunk of 8 values at `p` (INT4: 4 bytes, 8-bit codes: 8 bytes), with
+/// word loads where `p` is suitably aligned and byte loads otherwise.
+template <int Bits>
+[[nodiscard]] KVPACK_HOST_DEVICE inline ChunkCodes load_chunk(const std::uint8_t* p) noexcept {
+  ChunkCodes c{{0u, 0u}};
+#if defined(__CUDA_ARCH__)
+  const auto addr = reinterpret_cast<std::uintptr_t>(p);
+  if constexpr (Bits == 4) {
+    c.w[0] = (addr & 3u) == 0 ? *reinterpret_cast<const std::uint32_t*>(p) : load_le32(p);
+  } else {
+    if ((addr & 7u) == 0) {
+      const uint2 v = *reinterpret_cast<const uint2*>(p);
+      c.w[0] = v.x;
+      c.w[1] = v.y;
+    } else {
+      c.w[0] = load_le32(p);
+      c.w[1] = load_le32(p + 4);
+    }
+  }
+#else
+  c.w[0] = load_le32(p);
+  if constexpr (Bits == 8) c.w[1] = load_le32(p + 4);
+#endif
+  return c;
+}
+
+/// Reads one metadata value (fp16 or fp32, little-endian) as float.
+template <bool MetaF16>
+[[nodiscard]] KVPACK_HOST_DEVICE inline float load_meta_value(const std::uint8_t* p) noexcept {
+  if constexpr (MetaF16) {
+    return fp16_to_float(static_cast<std::uint16_t>(load_le16(p)));
+  } else {
+    return detail::bit_cast<float>(load_le32(p));
+  }
+}
+/// Writes one metadata value (already representable in the precision) little-endian.
+template <bool MetaF16>
+KVPACK_HOST_DEVICE inline void store_meta_value(float v, std::uint8_t* p) noexcept {
+  const std::uint32_t u = MetaF16 ? fp16_from_float(v) : detail::bit_cast<std::uint32_t>(v);
+  p[0] = static_cast<std::uint8_t>(u);
+  p[1] = static_cast<std::uint8_t>(u >> 8);
+  if constexpr (!MetaF16) {
+    p[2] = static_cast<std::uint8_t>(u >> 16);
+    p[3] = static_cast<std::uint8_t>(u >> 24);
+  }
+}
+
+/// Scale (and zero-point) of one group, read from its metadata bytes.
+template <class DC>
+[[nodiscard]] KVPACK_HOST_DEVICE inline GroupParams load_group_params(const std::uint8_t* meta) noexcept {
+  GroupParams p;
+  p.scale = load_meta_value<DC::meta_f16>(meta);
+  p.zero = DC::asymmetric ? load_meta_value<DC::meta_f16>(meta + DC::meta_value_bytes) : 0.f;
+  return p;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Dequantization
+// ------------------------------------------------------------------------------------------------
+
+/// Integer level of a stored code (INT4 nibble or byte), as int_codec.hpp's from_stored.
+template <class DC>
+[[nodiscard]] KVPACK_HOST_DEVICE constexpr int level_of(unsigned stored) noexcept {
+  if constexpr (DC::bits == 4) return static_cast<int>(stored & 0x0Fu) + DC::qmin;
+  else if constexpr (DC::asymmetric) return static_cast<int>(stored & 0xFFu);
+  else return static_cast<int>(static_cast<std::int8_t>(static_cast<std::uint8_t>(stored & 0xFFu)));
+}
+
+/// Reconstruction of one stored code under p: zero + scale * q (integers), fp8(code) * scale.
+/// Same expression as the host codecs' decode_value.
+template <class DC>
+[[nodiscard]] KVPACK_HOST_DEVICE inline float dequantize(unsigned stored, GroupParams p) noexcept {
+  if constexpr (DC::kind == CodeKind::e4m3) {
+    return e4m3_to_float(static_cast<std::uint8_t>(stored)) * p.scale;
+  } else if constexpr (DC::kind == CodeKind::e5m2) {
+    return e5m2_to_float(static_cast<std::uint8_t>(stored)) * p.scale;
+  } else if constexpr (DC::asymmetric) {
+    return p.zero + p.scale * static_cast<float>(level_of<DC>(stored));
+  } else {
+    return p.scale * static_cast<float>(level_of<DC>(stored));
+  }
+}
+
+/// Stored code e (0..7) of a chunk.
+template <int Bits>
+[[nodiscard]] KVPACK_HOST_DEVICE constexpr unsigned chunk_code(const ChunkCodes& c, int e) noexcept {
+  if constexpr (Bits == 4) return (c.w[0] >> (4 * e)) & 0x0Fu;
+  else return (c.w[e / 4] >> (8 * (e % 4))) & 0xFFu;
+}
+
+/// Dequantizes the 8 values of a chunk: out[e] = dequantize(code e).
+template <class DC>
+KVPACK_HOST_DEVICE inline void dequantize_chunk(const ChunkCodes& c, GroupParams p, float* out) noexcept {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int e = 0; e < kChunk; ++e) out[e] = dequantize<DC>(chunk_code<DC::bits>(c, e), p);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Quantization (the device append path; bit-identical to the host codecs)
+// ------------------------------------------------------------------------------------------------
+
+/// Neighbours of a finite float toward +Inf / -Inf (std::nextafter for finite inputs).
+[[nodiscard]] KVPACK_HOST_DEVICE inline float next_up(float f) noexcept {
+  const std::uint32_t u = detail::bit_cast<std::uint32_t>(f);
+  if ((u & 0x7FFFFFFFu) == 0) return detail::bit_cast<float>(1u);  // +-0 -> smallest subnormal
+  return detail::bit_cast<float>((u & 0x80000000u) ? u - 1u : u + 1u);
+}
+[[nodiscard]] KVPACK_HOST_DEVICE inline float next_down(float f) noexcept { return -next_up(-f); }
+
+/// Smallest float >= d / largest float <= d (d finite); beyond the float range: +-FLT_MAX.
+/// Mirrors detail::f32_round_up / f32_round_down of codec/meta.hpp.
+[[nodiscard]] KVPACK_HOST_DEVICE inline float f32_round_up(double d) noexcept {
+  float f = static_cast<float>(d);
+  if ((detail::bit_cast<std::uint32_t>(f) & 0x7FFFFFFFu) == 0x7F800000u) return f > 0 ? kFloatMax : -kFloatMax;
+  if (static_cast<double>(f) < d) f = next_up(f);
+  return f;
+}
+[[nodiscard]] KVPACK_HOST_DEVICE inline float f32_round_down(double d) noexcept {
+  float f = static_cast<float>(d);
+  if ((detail::bit_cast<std::uint32_t>(f) & 0x7FFFFFFFu) == 0x7F800000u) return f > 0 ? kFloatMax : -kFloatMax;
+  if (static_cast<double>(f) > d) f = next_down(f);
+  return f;
+}
+/// d rounded up / down to the metadata precision (fp16 or fp32), as detail::meta_round_up/down.
+template <bool MetaF16>
+[[nodiscard]] KVPACK_HOST_DEVICE inline float meta_round_up(double d) noexcept {
+  const float f = f32_round_up(d);
+  if constexpr (MetaF16) return fp16_to_float(fp16_from_float(f, Rounding::toward_pos_inf));
+  else return f;
+}
+template <bool MetaF16>
+[[nodiscard]] KVPACK_HOST_DEVICE inline float meta_round_down(double d) noexcept {
+  const float f = f32_round_down(d);
+  if constexpr (MetaF16) return fp16_to_float(fp16_from_float(f, Rounding::toward_neg_inf));
+  else return f;
+}
+
+/// IEEE single operations, never contracted or reassociated on the device.
+[[nodiscard]] KVPACK_HOST_DEVICE inline float div_rn(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+[[nodiscard]] KVPACK_HOST_DEVICE inline float sub_rn(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+/// Round half to even of |v| < 2^22 by the 1.5 * 2^23 trick, as detail::round_half_even.
+[[nodiscard]] KVPACK_HOST_DEVICE inline float rne(float v) noexcept {
+  constexpr float magic = 12582912.f;
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(__fadd_rn(v, magic), magic);
+#else
+  const float t = v + magic;
+  return t - magic;
+#endif
+}
+
+/// Scale (and zero-point) of `count` finite values x[0], x[stride], ..., rounded to the metadata
+/// precision: the same decisions as IntCodec::derive / Fp8Codec::derive (CASES C1-C3).
+template <class DC>
+[[nodiscard]] KVPACK_HOST_DEVICE inline GroupParams derive_group(const float* x, std::ptrdiff_t stride,
+                                                                int count) noexcept {
+  float lo = x[0], hi = x[0];
+  for (int i = 1; i < count; ++i) {
+    const float v = x[i * stride];
+    lo = v < lo ? v : lo;
+    hi = v > hi ? v : hi;
+  }
+  GroupParams p;
+  if constexpr (DC::is_fp8) {
+    const float amax = -lo < hi ? hi : -lo;
+    if (amax == 0.f) p.scale = 1.f;
+    else if (lo == hi) p.scale = meta_round_up<DC::meta_f16>(amax);
+    else p.scale = meta_round_up<DC::meta_f16>(static_cast<double>(amax) / static_cast<double>(DC::fp8_max));
+  } else {
+    constexpr float lim = DC::meta_max;
+    lo = lo < -lim ? -lim : (lim < lo ? lim : lo);
+    hi = hi < -lim ? -lim : (lim < hi ? lim : hi);
+    if constexpr (DC::asymmetric) {
+      p.zero = meta_round_down<DC::meta_f16>(lo);
+      const double range = static_cast<double>(hi) - p.zero;
+      p.scale = range > 0 ? meta_round_up<DC::meta_f16>(range / DC::qmax) : 1.f;
+    } else {
+      const float amax = -lo < hi ? hi : -lo;
+      if (amax == 0.f) p.scale = 1.f;
+      else if (lo == hi) p.scale = meta_round_up<DC::meta_f16>(amax);
+      else p.scale = meta_round_up<DC::meta_f16>(static_cast<double>(amax) / DC::qmax);
+    }
+  }
+  return p;
+}
+
+/// Stored code of x under p (p as stored): integer codecs clamp then round half to even, FP8
+/// divides by the scale and rounds/saturates in the element format.
+template <class DC>
+[[nodiscard]] KVPACK_HOST_DEVICE inline unsigned quantize(float x, GroupParams p) noexcept {
+  if constexpr (DC::kind == CodeKind::e4m3) {
+    return e4m3_from_float(div_rn(x, p.scale));
+  } else if constexpr (DC::kind == CodeKind::e5m2) {
+    return e5m2_from_float(div_rn(x, p.scale));
+  } else {
+    const float t = div_rn(DC::asymmetric ? sub_rn(x, p.zero) : x, p.scale);
+    constexpr auto lo = static_cast<float>(DC::qmin), hi = static_cast<float>(DC::qmax);
+    const float c = t < lo ? lo : (hi < t ? hi : t);
+    const int q = static_cast<int>(rne(c));
+    if constexpr (DC::bits == 4) return static_cast<unsigned>(q - DC::qmin);
+    else return static_cast<unsigned>(static_cast<std::uint8_t>(q));
+  }
+}
+
+/// Quantizes one group of DC::group values x[0], x[stride], ... (finite): writes the group's
+/// metadata (DC::meta_bytes bytes at `meta`) and its codes (DC::group * bits / 8 bytes at
+/// `codes`, the group's first byte). The codes are computed against the parameters as stored.
+template <class DC>
+KVPACK_HOST_DEVICE inline void quantize_group(const float* x, std::ptrdiff_t stride, std::uint8_t* codes,
+                                              std::uint8_t* meta) noexcept {
+  const GroupParams p = derive_group<DC>(x, stride, DC::group);
+  store_meta_value<DC::meta_f16>(p.scale, meta);
+  if constexpr (DC::asymmetric) store_meta_value<DC::meta_f16>(p.zero, meta + DC::meta_value_bytes);
+  const GroupParams ps = load_group_params<DC>(meta);
+  if constexpr (DC::bits == 4) {
+    for (int i = 0; i < DC::group; i += 2)
+      codes[i / 2] = pack_int4(quantize<DC>(x[i * stride], ps), quantize<DC>(x[(i + 1) * stride], ps));
+  } else {
+    for (int i = 0; i < DC::group; ++i) codes[i] = static_cast<std::uint8_t>(quantize<DC>(x[i * stride], ps));
+  }
+}
+
+/// Quantizes one per-token row of n values (n a multiple of the group size) into `codes`
+/// (code_bytes(n)) and `meta` ((n / G) * meta_bytes): encode_row<C> of codec/rows.hpp.
+template <class DC>
+KVPACK_HOST_DEVICE inline void quantize_row(const float* x, int n, std::uint8_t* codes, std::uint8_t* meta) noexcept {
+  for (int g = 0; g < n / DC::group; ++g)
+    quantize_group<DC>(x + g * DC::group, 1, codes + g * DC::group * DC::bits / 8, meta + g * DC::meta_bytes);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Online softmax and the split-K combine (Milakov & Gimelshein 2018; FlashDecoding, Dao et al. 2023)
+// ------------------------------------------------------------------------------------------------
+
+/// exp in fp32 (expf on the device: full precision, not __expf).
+[[nodiscard]] KVPACK_HOST_DEVICE inline float exp_f32(float x) noexcept {
+#if defined(__CUDA_ARCH__)
+  return expf(x);
+#else
+  return std::exp(x);
+#endif
+}
+
+/// Weights that bring two softmax partials to a common maximum: m = max(m_a, m_b),
+/// w_a = exp(m_a - m), w_b = exp(m_b - m). A partial with m = -Inf (it saw no key) gets weight 0;
+/// when both are -Inf, m = -Inf and both weights are 0.
+struct MergeWeights {
+  float m, wa, wb;
+};
+[[nodiscard]] KVPACK_HOST_DEVICE inline MergeWeights merge_weights(float m_a, float m_b) noexcept {
+  const float m = m_a < m_b ? m_b : m_a;
+  if (m == kNegInf) return {m, 0.f, 0.f};
+  return {m, m_a == kNegInf ? 0.f : exp_f32(m_a - m), m_b == kNegInf ? 0.f : exp_f32(m_b - m)};
+}
+
+/// A softmax partial over some keys: running maximum m of the scaled logits, l = sum exp(s - m).
+/// The matching accumulator is acc = sum exp(s - m) v (kept by the caller, per channel).
+struct SoftmaxState {
+  float m = kNegInf;
+  float l = 0.f;
+};
+/// Merges partial b into a; returns the factors that rescale a's and b's accumulators:
+/// acc = acc_a * w.wa + acc_b * w.wb.
+KVPACK_HOST_DEVICE inline MergeWeights merge_into(SoftmaxState& a, SoftmaxState b) noexcept {
+  const MergeWeights w = merge_weights(a.m, b.m);
+  a.m = w.m;
+  a.l = a.l * w.wa + b.l * w.wb;
+  return w;
+}
+
+/// Combine step of split-K decoding for one output channel: given n partials (m[s], l[s],
+/// acc[s * acc_stride]), returns sum_s acc_s exp(m_s - M) / sum_s l_s exp(m_s - M) with
+/// M = max_s m_s, or 0 when no partial saw a key (a query that sees nothing gets zeros, as the
+/// scalar kernel). Two passes (maximum first) so no term overflows.
+[[nodiscard]] KVPACK_HOST_DEVICE inline float combine_channel(const float* m, const float* l, const float* acc,
+                                                              int n, std::ptrdiff_t acc_stride) noexcept {
+  float mx = kNegInf;
+  for (int s = 0; s < n; ++s) mx = m[s] > mx ? m[s] : mx;
+  if (mx == kNegInf) return 0.f;
+  float num = 0.f, den = 0.f;
+  for (int s = 0; s < n; ++s) {
+    if (m[s] == kNegInf) continue;
+    const float w = exp_f32(m[s] - mx);
+    num += acc[s * acc_stride] * w;
+    den += l[s] * w;
+  }
+  return den > 0.f ? num / den : 0.f;
+}
+
+}  // namespace kvpack::cuda
