@@ -52,7 +52,12 @@
   X(int4_sw1k, "int4-g32+sink-window-1k", kvpack::Keys<kvpack::Int4<>>, kvpack::Values<kvpack::Int4<>>,   \
     kvpack::SinkWindow<4, 1020>)                                                                         \
   X(int4_h2o1k, "int4-g32+h2o-1k", kvpack::Keys<kvpack::Int4<>>, kvpack::Values<kvpack::Int4<>>,          \
-    kvpack::H2O<512, 508, 4>)
+    kvpack::H2O<512, 508, 4>)                                                                            \
+  /* block-sparse: 16 live 64-token blocks (masked blocks skipped unread); snapkv: 992 + 32 window */     \
+  X(int4_bs1k, "int4-g32+block-sparse-1k", kvpack::Keys<kvpack::Int4<>>, kvpack::Values<kvpack::Int4<>>, \
+    kvpack::BlockSparse<kvpack::Tokens<1024>>)                                                           \
+  X(int4_snap1k, "int4-g32+snapkv-1k", kvpack::Keys<kvpack::Int4<>>, kvpack::Values<kvpack::Int4<>>,      \
+    kvpack::SnapKV<992>)
 
 // ---- Kernel backends: X(kvpack tag, "table name") --------------------------------------------
 // Later: X(kvpack::Cuda, "cuda").

@@ -251,8 +251,9 @@ class Evaluator {
       scoring_s += seconds_since(t0);
     };
     const auto t0 = Clock::now();
-    auto s = kl::run_chunked(
-        m_, *cache, w.tokens, w.first_row, opt_.chunk, on_logits,
+    // Context (tokens before first_row) prefilled, compressed by SnapKV caches, then scored.
+    auto s = kl::run_prefill_then_score(
+        m_, *cache, w.tokens, w.first_row, w.first_row, opt_.chunk, on_logits,
         [&, done = int64_t{0}](int64_t e) mutable {
           prog.advance(e - done);
           done = e;
@@ -301,23 +302,29 @@ class Evaluator {
     NeedleResult r;
     r.exact = true;
     const auto first = static_cast<int64_t>(prompt.size()) - 1;
-    auto s = kl::run_chunked(
-        m_, *cache, seq, first, opt_.chunk,
-        [&](int64_t i0, RowMat& lg) {
-          for (Eigen::Index k = 0; k < lg.rows(); ++k) {
-            const auto a = static_cast<size_t>(i0 + k - first);
-            auto lp = lg.row(k);
-            kl::log_softmax(lp);
-            Eigen::Index top = 0;
-            lp.maxCoeff(&top);
-            r.logp += lp[answer[a]];
-            r.exact = r.exact && top == answer[a];
-          }
-        },
-        [&, done = int64_t{0}](int64_t e) mutable {
-          prog.advance(e - done, &label);
-          done = e;
-        });
+    // The prompt is prefilled in chunks and compressed at its end (SnapKV; a no-op for the other
+    // policies); the answer is then fed one token at a time, as generation would.
+    auto on_logits = [&](int64_t i0, RowMat& lg) {
+      for (Eigen::Index k = 0; k < lg.rows(); ++k) {
+        const auto a = static_cast<size_t>(i0 + k - first);
+        auto lp = lg.row(k);
+        kl::log_softmax(lp);
+        Eigen::Index top = 0;
+        lp.maxCoeff(&top);
+        r.logp += lp[answer[a]];
+        r.exact = r.exact && top == answer[a];
+      }
+    };
+    int64_t done = 0;
+    auto on_chunk = [&](int64_t e) {
+      prog.advance(e - done, &label);
+      done = e;
+    };
+    const auto n_prompt = static_cast<int64_t>(prompt.size());
+    auto s = kl::run_range(m_, *cache, seq, 0, n_prompt, first, opt_.chunk, on_logits, on_chunk);
+    if (!s) return s.error();
+    kl::compress_prompt_if_snapkv(*cache, m_.cfg.layers);
+    s = kl::run_range(m_, *cache, seq, n_prompt, static_cast<int64_t>(seq.size()), first, 1, on_logits, on_chunk);
     if (!s) return s.error();
     return r;
   }

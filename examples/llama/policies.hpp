@@ -60,6 +60,24 @@ using Registry = PolicyList<
     Policy<"kf64-chained", KVCache<Keys<Keyframe<64, Int4<Group<32>>, Fp16, Chained>>, Values<Keyframe<64, Int4<Group<32>>, Fp16, Chained>>>, false>,
     // Control for kf64-*: KIVI keys without kivi4's 128-token fp32 residual (incomplete key group in fp32).
     Policy<"kivi4-r0", KVCache<Keys<Int4<Group<32>>, PerChannel>, Values<Int4<Group<32>>>>, false>,
+    // Eviction at 50 % / 25 % of a 4096-token context (2048 / 1024 tokens per layer and KV head;
+    // not default). SnapKV: Budget + 32-token observation window; BlockSparse: 64-token blocks.
+    Policy<"sink-window-50", KVCache<SinkWindow<4, 2044>>, false>,
+    Policy<"sink-window-25", KVCache<SinkWindow<4, 1020>>, false>,
+    Policy<"h2o-50", KVCache<H2O<1024, 1020, 4>>, false>,
+    Policy<"h2o-25", KVCache<H2O<512, 508, 4>>, false>,
+    Policy<"snapkv-50", KVCache<SnapKV<2016>>, false>,
+    Policy<"snapkv-25", KVCache<SnapKV<992>>, false>,
+    Policy<"block-sparse-50", KVCache<BlockSparse<Tokens<2048>>>, false>,
+    Policy<"block-sparse-25", KVCache<BlockSparse<Tokens<1024>>>, false>,
+    Policy<"int4-g32+sink-window-50", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SinkWindow<4, 2044>>, false>,
+    Policy<"int4-g32+sink-window-25", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SinkWindow<4, 1020>>, false>,
+    Policy<"int4-g32+h2o-50", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, H2O<1024, 1020, 4>>, false>,
+    Policy<"int4-g32+h2o-25", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, H2O<512, 508, 4>>, false>,
+    Policy<"int4-g32+snapkv-50", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SnapKV<2016>>, false>,
+    Policy<"int4-g32+snapkv-25", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SnapKV<992>>, false>,
+    Policy<"int4-g32+block-sparse-50", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, BlockSparse<Tokens<2048>>>, false>,
+    Policy<"int4-g32+block-sparse-25", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, BlockSparse<Tokens<1024>>>, false>,
     // Not run by default: the engine's own cache without kvpack, and a destructive cache (every V
     // stored as zero) that proves the cache is in the path of every scored token.
     Policy<"reference", ReferenceCache, false>,

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +18,7 @@
 
 #include "kvpack/cache/block.hpp"
 #include "kvpack/detail/secure_zero.hpp"
+#include "kvpack/eviction/block_sparse.hpp"
 #include "kvpack/eviction/policies.hpp"
 #include "kvpack/eviction/snapkv_select.hpp"
 #include "kvpack/policy.hpp"
@@ -88,7 +90,7 @@ class KVCache {
   static_assert(detail::role_count_v<role::backend, Policies...> <= 1,
                 "kvpack::KVCache<...>: more than one Backend<> policy");
   static_assert(detail::role_count_v<role::eviction, Policies...> <= 1,
-                "kvpack::KVCache<...>: more than one eviction policy (NoEviction, SinkWindow, H2O, SnapKV)");
+                "kvpack::KVCache<...>: more than one eviction policy (NoEviction, SinkWindow, H2O, SnapKV, BlockSparse)");
 
   using KeysP = detail::find_role_t<role::keys, Keys<Fp32>, Policies...>;
   using ValuesP = detail::find_role_t<role::values, Values<Fp32>, Policies...>;
@@ -113,11 +115,13 @@ class KVCache {
   }();
   static constexpr int sink_tokens = detail::find_role_t<role::sinks, Sinks<0>, Policies...>::count;
   static constexpr int residual_tokens = detail::find_role_t<role::residual, Residual<0>, Policies...>::tokens;
-  static constexpr int block_tokens =
-      detail::find_role_t<role::blocks,
-                          Blocks<(any_keyframe ? keyframe_interval
-                                               : (keys_per_channel && key_codec::group_size > 64 ? key_codec::group_size : 64))>,
-                          Policies...>::tokens;
+  static constexpr bool is_block_sparse = detail::is_block_sparse_v<EvictP>;
+  static constexpr int block_tokens = detail::find_role_t<
+      role::blocks,
+      Blocks<(any_keyframe      ? keyframe_interval
+              : is_block_sparse ? detail::block_tokens_of_v<EvictP>
+                                : (keys_per_channel && key_codec::group_size > 64 ? key_codec::group_size : 64))>,
+      Policies...>::tokens;
   /// Bits per stored value, metadata included (full-precision sinks/residual not included).
   static constexpr double key_bits_per_value = key_codec::bits_per_value;
   static constexpr double value_bits_per_value = value_codec::bits_per_value;
@@ -142,6 +146,9 @@ class KVCache {
                 "kvpack::KVCache<...>: Keys<Codec, PerChannel> cannot be combined with a Keyframe<...> value codec");
   static_assert(!evicts || !any_keyframe,
                 "kvpack::KVCache<...>: eviction policies cannot remove single tokens from a Keyframe<...> interval");
+  static_assert(!is_block_sparse || block_tokens == detail::block_tokens_of_v<EvictP>,
+                "kvpack::KVCache<...>: BlockSparse<Budget, B> sets the storage block size; a Blocks<> policy with "
+                "another size contradicts it (drop Blocks<> or make it Blocks<B>)");
   static_assert(!keys_per_channel || block_tokens % key_codec::group_size == 0,
                 "kvpack::KVCache<...>: with Keys<Codec, PerChannel>, Blocks<B> must be a multiple of the key group "
                 "size (a block holds whole groups of tokens)");
@@ -165,6 +172,13 @@ class KVCache {
                  std::to_string(value_codec::group_size));
     if (shape.max_tokens > std::numeric_limits<std::int32_t>::max()) return bad("max_tokens exceeds 2^31 - 1");
     if (!(shape.attn_scale >= 0.f) || std::isinf(shape.attn_scale)) return bad("attn_scale must be finite and >= 0");
+    if constexpr (is_block_sparse) {
+      const std::int64_t b = EvictP::budget_type::resolve(shape.max_tokens);
+      if (b < EvictP::protected_tokens)
+        return bad("BlockSparse budget of " + std::to_string(b) + " tokens (from max_tokens " +
+                   std::to_string(shape.max_tokens) + ") is below the " + std::to_string(EvictP::protected_tokens) +
+                   " tokens of its sink, recent and open blocks");
+    }
     return KVCache(shape);
   }
 
@@ -174,6 +188,7 @@ class KVCache {
       wipe();
       shape_ = o.shape_;
       layout_ = o.layout_;
+      budget_ = o.budget_;
       layers_ = std::move(o.layers_);
       scratch_ = std::move(o.scratch_);
       refs_ = std::move(o.refs_);
@@ -272,7 +287,7 @@ class KVCache {
       kernels::AttendArgs a = args_for(L, h, q.data() + static_cast<std::int64_t>(h) * group * shape_.head_dim,
                                        out.data() + static_cast<std::int64_t>(h) * group * shape_.head_dim, n_q, group);
       const kernels::HeadSegments seg = segments(L, h);
-      if constexpr (is_h2o) {
+      if constexpr (is_h2o || is_block_sparse) {  // both rank by the mass the kernel gathers
         mass_.assign(static_cast<std::size_t>(ordinals(seg)), 0.f);
         a.key_mass = mass_.data();
         run_kernel(a, seg);
@@ -301,6 +316,18 @@ class KVCache {
     return {};
   }
 
+  /// BlockSparse only: compacts every KV head of `layer` now (normally done when at least half of a
+  /// head's blocks are masked out): live tokens are rewritten densely, in cache-index order, into
+  /// fresh blocks; masked-out blocks are zeroed and freed. Attention output is unchanged.
+  /// Errc::invalid_argument for a layer out of range.
+  Status compact_blocks(int layer)
+    requires(is_block_sparse)
+  {
+    if (layer < 0 || layer >= shape_.layers) return fail(Errc::invalid_argument, "compact_blocks: layer out of range");
+    for (Head& H : layers_[static_cast<std::size_t>(layer)].heads) compact(H);
+    return {};
+  }
+
   /// Empties the cache; every byte it releases is zeroed first. Capacity and shape are kept.
   void reset() {
     wipe();
@@ -314,7 +341,8 @@ class KVCache {
   /// (sinks, pending/residual tokens: 8 bytes per channel for K and V, 4 bytes of position per
   /// token). Eviction caches add their bookkeeping: per block one validity bit per slot (in
   /// 64-bit words), per slot its token index and score (8 bytes), per pending token and KV head
-  /// its score (4 bytes). Transient working copies (the latest chunk, kernel scratch) are not
+  /// its score (4 bytes). BlockSparse counts the payload of every allocated slot (masked-out blocks
+  /// hold memory until compaction) plus its block bitmask. Transient working copies (the latest chunk, kernel scratch) are not
   /// included.
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
     std::size_t total = 0;
@@ -322,9 +350,12 @@ class KVCache {
     for (const Layer& L : layers_) {
       for (const Head& H : L.heads) {
         if constexpr (evicts) {
-          total += static_cast<std::size_t>(H.live) * layout_.used_bytes(1) +
+          // BlockSparse: masked-out blocks occupy memory until compaction, so count every slot.
+          const std::size_t payload_slots = is_block_sparse ? H.slot_token.size() : static_cast<std::size_t>(H.live);
+          total += payload_slots * layout_.used_bytes(1) +
                    H.blocks.size() * (sizeof(BlockHeader) + words_per_block * sizeof(std::uint64_t)) +
-                   H.slot_token.size() * (sizeof(std::int32_t) + sizeof(float)) + H.pend_score.size() * sizeof(float);
+                   H.slot_token.size() * (sizeof(std::int32_t) + sizeof(float)) + H.pend_score.size() * sizeof(float) +
+                   H.block_live.size() * sizeof(std::uint64_t);
         } else {
           for (const Block& b : H.blocks) total += layout_.used_bytes(b.header.count) + sizeof(BlockHeader);
         }
@@ -375,6 +406,20 @@ class KVCache {
     if (layer < 0 || layer >= shape_.layers || kv_head < 0 || kv_head >= shape_.kv_heads) return {};
     return layers_[static_cast<std::size_t>(layer)].heads[static_cast<std::size_t>(kv_head)].blocks;
   }
+
+  /// BlockSparse only: the block bitmask of (layer, kv_head), one bit per block of blocks()
+  /// (bit b % 64 of word b / 64; set = live, cleared = masked out, never read by attention).
+  /// Empty span for out-of-range arguments.
+  [[nodiscard]] std::span<const std::uint64_t> block_mask(int layer, int kv_head) const noexcept
+    requires(is_block_sparse)
+  {
+    if (layer < 0 || layer >= shape_.layers || kv_head < 0 || kv_head >= shape_.kv_heads) return {};
+    return layers_[static_cast<std::size_t>(layer)].heads[static_cast<std::size_t>(kv_head)].block_live;
+  }
+
+  /// Eviction budget in tokens per (layer, KV head), resolved at create() (Fraction<> budgets
+  /// against ModelShape::max_tokens); 0 without eviction. SnapKV: Budget + Window.
+  [[nodiscard]] std::int64_t eviction_budget() const noexcept { return budget_; }
 
   /// Decodes everything (layer, kv_head) holds as attention reads it (except that attention reads
   /// the latest chunk exactly), sorted by cache index; `indices` gives each row's cache index.
@@ -450,6 +495,7 @@ class KVCache {
     std::vector<std::int32_t> free_slots;   // reusable slots
     std::deque<std::int32_t> fifo;          // SinkWindow: evictable slots, oldest first
     std::vector<float> pend_score;          // score of each pending token (parallel to pend_pos)
+    std::vector<std::uint64_t> block_live;  // BlockSparse: one bit per block, set = live (not masked)
     std::int64_t live = 0;                  // live slots
 
     Head() = default;
@@ -472,6 +518,8 @@ class KVCache {
 
   explicit KVCache(const ModelShape& shape)
       : shape_(shape), layout_(make_block_layout<key_codec, value_codec, keys_per_channel>(block_tokens, shape.head_dim)) {
+    if constexpr (is_block_sparse) budget_ = EvictP::budget_type::resolve(shape.max_tokens);
+    else if constexpr (evicts) budget_ = EvictP::budget;
     reset();
   }
 
@@ -544,7 +592,11 @@ class KVCache {
       for (std::size_t b = 0; b < H.blocks.size(); ++b) {
         const std::uint64_t* w = H.valid.data() + b * words_per_block;
         bool any = false;
-        for (std::size_t i = 0; i < words_per_block; ++i) any |= w[i] != 0;
+        if constexpr (is_block_sparse) {
+          any = ((H.block_live[b / 64] >> (b % 64)) & 1u) != 0;  // a masked-out block: count 0, never read
+        } else {
+          for (std::size_t i = 0; i < words_per_block; ++i) any |= w[i] != 0;
+        }
         const std::int64_t count =
             any ? std::min<std::int64_t>(block_tokens, n_slots - static_cast<std::int64_t>(b) * block_tokens) : 0;
         refs_.push_back({H.blocks[b].data.get(), 0, static_cast<int>(count), w});  // count 0: skipped unread
@@ -626,7 +678,8 @@ class KVCache {
           H.valid[su / block_tokens * words_per_block + (su % block_tokens) / 64] |= std::uint64_t{1} << ((su % block_tokens) % 64);
           H.slot_token[su] = static_cast<std::int32_t>(first_index + t0);
           H.slot_score[su] = H.pend_score[static_cast<std::size_t>(t0)];
-          if (first_index + t0 >= EvictP::sink_tokens) H.fifo.push_back(static_cast<std::int32_t>(slot));
+          if constexpr (is_sink_window)  // only SinkWindow consumes the FIFO (others would grow it for ever)
+            if (first_index + t0 >= EvictP::sink_tokens) H.fifo.push_back(static_cast<std::int32_t>(slot));
           ++H.live;
         } else {
           slot = L.committed;
@@ -696,6 +749,11 @@ class KVCache {
     if (s % block_tokens == 0) {
       H.blocks.push_back(new_block());
       H.valid.resize(H.valid.size() + words_per_block, 0);
+      if constexpr (is_block_sparse) {
+        const std::size_t b = H.blocks.size() - 1;
+        if (b / 64 >= H.block_live.size()) H.block_live.push_back(0);
+        H.block_live[b / 64] |= std::uint64_t{1} << (b % 64);
+      }
     }
     H.slot_token.push_back(-1);
     H.slot_score.push_back(0.f);
@@ -750,9 +808,58 @@ class KVCache {
         if (victim < 0) break;
         evict_slot(H, victim);
       }
+    } else if constexpr (is_block_sparse) {
+      enforce_block_budget(L, H, pend);
     } else {
       (void)L, (void)H, (void)pend;
     }
+  }
+
+  [[nodiscard]] static bool block_is_live(const Head& H, std::size_t b) noexcept {
+    return ((H.block_live[b / 64] >> (b % 64)) & 1u) != 0;
+  }
+
+  // BlockSparse: evicts whole blocks (lowest summed mass first, oldest on ties; never the first
+  // sink_blocks, the open block or the recent_blocks before it) until the head fits the budget,
+  // then compacts when at least half of the allocated blocks are masked out.
+  void enforce_block_budget(Layer& L, Head& H, std::int64_t pend) {
+    if constexpr (is_block_sparse) {
+      constexpr auto B = static_cast<std::size_t>(block_tokens);
+      while (L.sinks_held + H.live + pend > budget_) {
+        const std::size_t nb = H.blocks.size();
+        const std::size_t protected_tail = static_cast<std::size_t>(EvictP::recent_blocks) + 1;
+        if (nb <= protected_tail) break;
+        std::int64_t victim = -1;
+        double best = 0;
+        for (std::size_t b = static_cast<std::size_t>(EvictP::sink_blocks); b < nb - protected_tail; ++b) {
+          if (!block_is_live(H, b)) continue;
+          double score = 0;
+          for (std::size_t t = 0; t < B; ++t) score += H.slot_score[b * B + t];
+          if (victim < 0 || score < best) victim = static_cast<std::int64_t>(b), best = score;
+        }
+        if (victim < 0) break;
+        evict_block(H, static_cast<std::size_t>(victim));
+      }
+      std::size_t live_blocks = 0;
+      for (std::uint64_t w : H.block_live) live_blocks += static_cast<std::size_t>(std::popcount(w));
+      if (live_blocks < H.blocks.size() && H.blocks.size() - live_blocks >= live_blocks) compact(H);
+    } else {
+      (void)L, (void)H, (void)pend;
+    }
+  }
+
+  // BlockSparse: masks out block b of H (bit cleared, slots forgotten). The block bit alone hides
+  // the block from attention (its slot validity words are left as they were); the payload is
+  // zeroed and freed by the next compaction.
+  void evict_block(Head& H, std::size_t b) {
+    H.block_live[b / 64] &= ~(std::uint64_t{1} << (b % 64));
+    for (std::size_t t = 0; t < static_cast<std::size_t>(block_tokens); ++t) {
+      const std::size_t su = b * static_cast<std::size_t>(block_tokens) + t;
+      if (H.slot_token[su] >= 0) --H.live;
+      H.slot_token[su] = -1;
+      H.slot_score[su] = 0.f;
+    }
+    ++H.blocks[b].header.version;
   }
 
   // SnapKV: remembers the latest queries (up to the observation window) of a layer.
@@ -851,7 +958,8 @@ class KVCache {
       fresh.valid[su / block_tokens * words_per_block + (su % block_tokens) / 64] |= std::uint64_t{1} << ((su % block_tokens) % 64);
       fresh.slot_token[su] = tok;
       fresh.slot_score[su] = H.slot_score[static_cast<std::size_t>(slot)];
-      if (tok >= EvictP::sink_tokens) fresh.fifo.push_back(static_cast<std::int32_t>(ns));
+      if constexpr (is_sink_window)
+        if (tok >= EvictP::sink_tokens) fresh.fifo.push_back(static_cast<std::int32_t>(ns));
       ++fresh.live;
     }
     for (Block& b : H.blocks) detail::secure_zero(b.data.get(), layout_.bytes);
@@ -891,6 +999,7 @@ class KVCache {
 
   ModelShape shape_;
   BlockLayout layout_;
+  std::int64_t budget_ = 0;  // eviction budget in tokens per (layer, KV head); 0 without eviction
   std::vector<Layer> layers_;
   kernels::Scratch scratch_;
   std::vector<kernels::BlockRef> refs_;
