@@ -334,6 +334,17 @@ class OffloadStore {
     return worker_->request(layers);
   }
 
+  /// Changes the resident budget (payload bytes the hot tier aims to hold) at run time; when
+  /// the resident set is now over it, blocks move down as after a put() (write-behind on the
+  /// worker, or a synchronous rebalance whose error is kept for flush()).
+  void set_resident_budget(uint64_t bytes) {
+    {
+      std::lock_guard lock(mu_);
+      cfg_.resident_budget_bytes = bytes;
+    }
+    after_growth();
+  }
+
   /// Removes block `key`: its hot copy is wiped once no handle shows it, its record slot is
   /// freed. Waits while it is being moved. Errc::not_present if absent.
   [[nodiscard]] Status erase(const BlockKey& key) {
