@@ -16,9 +16,9 @@
 namespace kvpack::offload::testing {
 
 /// 5 layers, GQA 6 query heads on 3 KV heads, head_dim 32 (one INT4 group of 32).
-inline ModelShape offload_shape(std::int64_t max_tokens = 512) {
+inline ModelShape offload_shape(std::int64_t max_tokens = 512, int layers = 5) {
   ModelShape s;
-  s.layers = 5;
+  s.layers = layers;
   s.q_heads = 6;
   s.kv_heads = 3;
   s.head_dim = 32;
