@@ -755,6 +755,9 @@ class OffloadStore {
         std::unique_lock lock(mu_);
         auto it = map_.find(k);
         if (it == map_.end() || it->second.version == 0 || it->second.hot || it->second.busy) continue;
+        // The compute thread moved on and this layer is no longer protected: a fetch now would
+        // be evicted again before use (wasted I/O), so skip it.
+        if (window_distance(protect_, k.layer) < 0) continue;
         if (auto s = fetch_locked(lock, k, it->second, /*by_prefetch=*/true); !s) {
           lock.unlock();
           keep_bg_error(s.error());
