@@ -19,6 +19,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@
 
 #include "llama/eval.hpp"
 #include "llama/model.hpp"
+#include "llama/offload_eval.hpp"
 #include "llama/policies.hpp"
 #include "llama/tokenizer.hpp"
 
@@ -51,6 +53,7 @@ struct Options {
   bool needle = true;
   std::vector<int64_t> needle_lengths{1024};
   std::vector<int> needle_depths{10, 50, 90};
+  kl::OffloadEvalOptions offload;  // Offload<> policies: resident budget fraction, file directory
 };
 
 /// Progress bar with ETA on stderr, in token units; one line per 10 % when stderr is not a TTY.
@@ -119,6 +122,7 @@ struct PolicyStats {
   int64_t kv_values = 0;    // K and V values held then
   int64_t kv_tokens = 0;
   std::vector<NeedleResult> needle;
+  kl::OffloadReport offload;  // Offload<> policies only
 
   [[nodiscard]] double ppl() const { return std::exp(nll / double(std::max<int64_t>(scored, 1))); }
   [[nodiscard]] double bits_per_value() const { return kv_values ? 8.0 * double(kv_bytes) / double(kv_values) : 0; }
@@ -215,9 +219,21 @@ class Evaluator {
   kvpack::Status score(PolicyStats& st, const Window& w, bool baseline, bool first_window, Progress& prog,
                        KvDump* dump) {
     const auto n = static_cast<int64_t>(w.tokens.size());
-    auto cache = Cache::create(m_.cache_shape(n + opt_.decode_tokens));
+    auto cache = kl::make_eval_cache<Cache>(m_.cache_shape(n + opt_.decode_tokens), n, opt_.offload, &st.offload);
     if (!cache) return cache.error();
     const int64_t rows = n - 1 - w.first_row;
+    // Exactness check of "X+offload" against "X": X's raw logits are kept for this window.
+    const bool keep_twin = twins_.count(st.name) != 0;
+    const std::string twin = kl::offload_twin(st.name);
+    const RowMat* twin_logits = nullptr;
+    if (!twin.empty()) {
+      st.offload.twin = twin;
+      if (auto it = twin_logits_.find(twin); it != twin_logits_.end() && it->second.rows() == rows) {
+        twin_logits = &it->second;
+        st.offload.compared = true;
+      }
+    }
+    if (keep_twin) twin_logits_[st.name].resize(rows, m_.cfg.vocab);
     if (baseline) {
       base_.logprobs.resize(rows, m_.cfg.vocab);
       base_.argmax.assign(size_t(rows), 0);
@@ -231,6 +247,12 @@ class Evaluator {
       for (Eigen::Index r = 0; r < lg.rows(); ++r) {
         const int64_t i = i0 + r, row = i - w.first_row;
         if (i + 1 >= n) break;
+        if (keep_twin) twin_logits_[st.name].row(row) = lg.row(r);
+        if (twin_logits) {
+          st.offload.max_abs_dlogit = std::max(
+              st.offload.max_abs_dlogit, double((twin_logits->row(row) - lg.row(r)).cwiseAbs().maxCoeff()));
+          ++st.offload.compared_rows;
+        }
         auto lp = lg.row(r);
         kl::log_softmax(lp);
         st.nll -= lp[w.tokens[size_t(i + 1)]];
@@ -263,7 +285,7 @@ class Evaluator {
     st.prefill_s += seconds_since(t0) - scoring_s;
     st.prefill_tokens += n;
     st.kl.insert(st.kl.end(), kls.begin(), kls.end());
-    if (!first_window) return {};
+    if (!first_window) return kl::collect_offload(*cache, st.offload);
     st.kv_bytes = cache->memory_bytes();
     st.kv_tokens = n;
     st.kv_values = 0;
@@ -287,8 +309,11 @@ class Evaluator {
     }
     st.decode_s += seconds_since(td);
     st.decode_tokens += opt_.decode_tokens;
-    return {};
+    return kl::collect_offload(*cache, st.offload);
   }
+
+  /// Policies whose raw logits are kept per window (the twins of "+offload" policies).
+  void set_twins(std::set<std::string> names) { twins_ = std::move(names); }
 
   /// Runs one needle case (prompt + answer) with `Cache`: log-probability of the answer tokens
   /// and whether greedy decoding reproduces them exactly (every answer token is the argmax).
@@ -365,6 +390,8 @@ class Evaluator {
   const Options& opt_;
   Baseline base_;
   int32_t im_end_ = -1;
+  std::set<std::string> twins_;
+  std::map<std::string, RowMat> twin_logits_;  // [scored rows][vocab] raw logits, current window
 };
 
 /// Dispatches a member-function template of Evaluator over the registry by policy name.
@@ -458,6 +485,11 @@ int run(int argc, char** argv) {
   app.add_flag("!--no-needle", opt.needle, "Skip the needle (passkey) retrieval test");
   app.add_option("--needle-lengths", opt.needle_lengths, "Needle prompt lengths in tokens, up to the model's context (e.g. 1024,2048,4096)")->delimiter(',');
   app.add_option("--needle-depths", opt.needle_depths, "Needle depths in percent of the filler")->delimiter(',');
+  app.add_option("--offload-budget", opt.offload.budget_fraction,
+                 "Offload policies (\"X+offload\"): resident budget as a fraction of the window's quantized block bytes; "
+                 "their logits are checked bit-for-bit against policy X when X is listed before them")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--offload-dir", opt.offload.directory, "Offload policies: directory of the encrypted, unlinked block file (default $TMPDIR or /tmp)");
   app.add_option("--filler", opt.filler,
                  "Needle filler text (default: ../shared/data/wikitext-2-raw/wiki.test.raw, else --text)");
   CLI11_PARSE(app, argc, argv);
@@ -571,6 +603,20 @@ int run(int argc, char** argv) {
   Progress prog(total);
   Evaluator ev(*model, *tok, opt);
   ev.set_im_end(tok->eos());
+  {
+    std::set<std::string> twins;
+    for (size_t i = 0; i < names.size(); ++i) {
+      const std::string t = kl::offload_twin(names[i]);
+      if (t.empty()) continue;
+      const auto at = std::find(names.begin(), names.end(), t);
+      if (at != names.end() && size_t(at - names.begin()) < i)
+        twins.insert(t);
+      else
+        std::fprintf(stderr, "kvpack-eval: note: %s is not compared with %s (list %s before it)\n", names[i].c_str(),
+                     t.c_str(), t.c_str());
+    }
+    ev.set_twins(std::move(twins));
+  }
 
   if (windows.empty()) {
     prog.label("generating passage (fp32)");
@@ -677,6 +723,34 @@ int run(int argc, char** argv) {
       md << " " << ok << "/" << s.needle.size() << " | " << fmt("%.3f", lp / double(s.needle.size())) << " |\n";
     }
   }
+  bool offload_mismatch = false;
+  if (std::any_of(stats.begin(), stats.end(), [](const PolicyStats& s) { return s.offload.active; })) {
+    md << "\nOffload (Offload<DeviceTier, FileTier, Prefetch<N>>, records sealed with AEAD in an unlinked file): "
+          "budget = resident block bytes allowed, as % of the window's quantized block bytes; fetch = read + verify + "
+          "decrypt of one block; hidden = share of fetch time prefetch overlapped with compute (fetch time of "
+          "prefetched blocks / (that + time attend waited)); max |Δlogit| = over every scored logit vs the same "
+          "policy without offload.\n\n"
+       << "| policy | AEAD | budget MiB (%) | resident MiB at end | written MiB | read MiB | fetches | fetch p50 µs | "
+          "fetch p99 µs | prefetch hit % | hidden % | attend wait ms | failures | vs | max \\|Δlogit\\| |\n"
+       << "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|\n";
+    for (const auto& s : stats) {
+      const auto& o = s.offload;
+      if (!o.active) continue;
+      const bool same = o.compared && o.max_abs_dlogit == 0.0;
+      offload_mismatch |= o.compared && !same;
+      md << "| " << s.name << " | " << o.aead << " | " << fmt("%.2f", double(o.budget_bytes) / (1 << 20)) << " ("
+         << fmt("%.0f", 100.0 * double(o.budget_bytes) / double(std::max<uint64_t>(o.block_bytes_total, 1))) << " %) | "
+         << fmt("%.2f", double(o.resident_bytes_end) / (1 << 20)) << " | " << fmt("%.1f", double(o.bytes_written) / (1 << 20))
+         << " | " << fmt("%.1f", double(o.bytes_read) / (1 << 20)) << " | " << o.fetches << " | "
+         << fmt("%.1f", o.fetch_p50_us) << " | " << fmt("%.1f", o.fetch_p99_us) << " | " << fmt("%.1f", 100 * o.hit_rate())
+         << " | " << fmt("%.1f", 100 * o.hidden_share()) << " | " << fmt("%.1f", double(o.wait_ns) / 1e6) << " | "
+         << o.offload_failures + o.fetch_failures << " | " << (o.compared ? o.twin : "-") << " | "
+         << (o.compared ? fmt("%g", o.max_abs_dlogit) + (same ? " (identical, " : " (MISMATCH, ") +
+                              std::to_string(o.compared_rows) + " rows)"
+                        : "not compared")
+         << " |\n";
+    }
+  }
   std::cout << md.str() << std::flush;
   if (!opt.markdown.empty() && !(std::ofstream(opt.markdown) << md.str()))
     return die("cannot write --markdown file '" + opt.markdown + "'");
@@ -708,6 +782,26 @@ int run(int argc, char** argv) {
                           {"top1_agreement", double(s.agree) / double(std::max<int64_t>(s.scored, 1))},
                           {"prefill_tokens_per_s", double(s.prefill_tokens) / std::max(s.prefill_s, 1e-9)},
                           {"decode_tokens_per_s", s.decode_tokens ? double(s.decode_tokens) / std::max(s.decode_s, 1e-9) : 0.0}};
+      if (s.offload.active) {
+        const auto& o = s.offload;
+        p["offload"] = {{"aead", o.aead},
+                        {"budget_bytes", o.budget_bytes},
+                        {"block_bytes_total", o.block_bytes_total},
+                        {"resident_bytes_end", o.resident_bytes_end},
+                        {"bytes_written", o.bytes_written},
+                        {"bytes_read", o.bytes_read},
+                        {"fetches", o.fetches},
+                        {"fetch_p50_us", o.fetch_p50_us},
+                        {"fetch_p99_us", o.fetch_p99_us},
+                        {"prefetch_hit_rate", o.hit_rate()},
+                        {"prefetch_hidden_share", o.hidden_share()},
+                        {"attend_wait_ns", o.wait_ns},
+                        {"failures", o.offload_failures + o.fetch_failures},
+                        {"twin", o.twin},
+                        {"compared", o.compared},
+                        {"compared_rows", o.compared_rows},
+                        {"max_abs_dlogit", o.max_abs_dlogit}};
+      }
       for (const auto& r : s.needle)
         p["needle"].push_back({{"length", r.length}, {"depth_percent", r.depth}, {"logp", r.logp}, {"exact", r.exact}});
       j["policies"].push_back(p);
@@ -736,6 +830,7 @@ int run(int argc, char** argv) {
     std::remove(dat.c_str());
     std::remove(gp.c_str());
   }
+  if (offload_mismatch) return die("an offload policy's logits differ from its twin's without offload (see the table)");
   return 0;
 }
 

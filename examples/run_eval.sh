@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # System packages (Debian/Ubuntu): compiler, CMake, Eigen, CLI11, nlohmann-json, gnuplot, pip.
-pkgs=(cmake g++ make libeigen3-dev libcli11-dev nlohmann-json3-dev gnuplot-nox python3-pip)
+pkgs=(cmake g++ make libeigen3-dev libcli11-dev nlohmann-json3-dev gnuplot-nox python3-pip libsodium-dev pkg-config)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 # A pip that already works (e.g. from pyenv) makes python3-pip unnecessary.

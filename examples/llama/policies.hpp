@@ -11,6 +11,9 @@
 #include <vector>
 
 #include <kvpack/kvpack.hpp>
+#if defined(KVPACK_HAS_SODIUM)
+#include <kvpack/offload.hpp>
+#endif
 
 #include "reference_cache.hpp"
 
@@ -78,6 +81,12 @@ using Registry = PolicyList<
     Policy<"int4-g32+snapkv-25", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SnapKV<992>>, false>,
     Policy<"int4-g32+block-sparse-50", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, BlockSparse<Tokens<2048>>>, false>,
     Policy<"int4-g32+block-sparse-25", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, BlockSparse<Tokens<1024>>>, false>,
+#if defined(KVPACK_HAS_SODIUM)
+    // int4-g32 with full blocks offloaded to an encrypted file tier under a resident budget
+    // (--offload-budget, default 25 %), prefetching 2 layers ahead; logits must equal int4-g32's.
+    Policy<"int4-g32+offload", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>,
+                                       offload::Offload<offload::DeviceTier, offload::FileTier, offload::Prefetch<2>>>, false>,
+#endif
     // Not run by default: the engine's own cache without kvpack, and a destructive cache (every V
     // stored as zero) that proves the cache is in the path of every scored token.
     Policy<"reference", ReferenceCache, false>,

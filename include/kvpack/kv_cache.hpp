@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kvpack/cache/block.hpp"
+#include "kvpack/cache/offload_hooks.hpp"
 #include "kvpack/detail/secure_zero.hpp"
 #include "kvpack/eviction/block_sparse.hpp"
 #include "kvpack/eviction/policies.hpp"
@@ -53,6 +54,8 @@ struct HeadContents {
 ///  * Residual<R>   most recent R tokens kept in fp32 (default 0)
 ///  * Blocks<B>     tokens per storage block (default 64, or the per-channel key group if larger)
 ///  * Backend<Tag>  kernel choice (default Auto)
+///  * offload::Offload<Tiers..., Prefetch<N>>  move full blocks to host/file tiers within a
+///                  resident budget (default NoOffload; include/kvpack/offload/cache_offload.hpp)
 ///
 /// Keyframe<Interval, ...> codecs (codec/keyframe.hpp) for K and/or V: blocks hold exactly one
 /// interval (Blocks<> defaults to Interval; another size is a compile error), tokens are committed
@@ -91,10 +94,13 @@ class KVCache {
                 "kvpack::KVCache<...>: more than one Backend<> policy");
   static_assert(detail::role_count_v<role::eviction, Policies...> <= 1,
                 "kvpack::KVCache<...>: more than one eviction policy (NoEviction, SinkWindow, H2O, SnapKV, BlockSparse)");
+  static_assert(detail::role_count_v<role::offload, Policies...> <= 1,
+                "kvpack::KVCache<...>: more than one Offload<> policy");
 
   using KeysP = detail::find_role_t<role::keys, Keys<Fp32>, Policies...>;
   using ValuesP = detail::find_role_t<role::values, Values<Fp32>, Policies...>;
   using EvictP = detail::find_role_t<role::eviction, NoEviction, Policies...>;
+  using OffloadP = detail::find_role_t<role::offload, NoOffload, Policies...>;
 
  public:
   using key_codec = typename KeysP::codec;
@@ -132,6 +138,14 @@ class KVCache {
   static constexpr bool is_snapkv = detail::is_snapkv_v<EvictP>;
   static constexpr bool is_sink_window = detail::is_sink_window_v<EvictP>;
 
+  /// Offload<...> present: full blocks may live in an offload store (blocks() then shows them
+  /// with a null `data`); attend() fetches them (see include/kvpack/offload/cache_offload.hpp).
+  static constexpr bool offloads = OffloadP::enabled;
+  /// Runtime options of the offload policy (an empty struct without one).
+  using offload_options = typename OffloadP::options;
+  static_assert(!offloads || !evicts,
+                "kvpack::KVCache<...>: Offload<> moves full, immutable blocks; it cannot be combined with an "
+                "eviction policy, which rewrites blocks in place");
   static_assert(!evicts || !keys_per_channel,
                 "kvpack::KVCache<...>: token-level eviction (SinkWindow, H2O, SnapKV) needs per-token keys; "
                 "per-channel key groups cannot lose single tokens");
@@ -155,8 +169,9 @@ class KVCache {
 
   /// Creates an empty cache for `shape`. Errors (Errc::invalid_argument): non-positive sizes,
   /// q_heads not a multiple of kv_heads, head_dim odd or not a multiple of a per-token group size,
-  /// max_tokens above 2^31 - 1.
-  [[nodiscard]] static Result<KVCache> create(const ModelShape& shape) {
+  /// max_tokens above 2^31 - 1. With an Offload<> policy, `offload` sets the resident budget,
+  /// placement and tiers; its errors (bad options, libsodium unavailable) are returned too.
+  [[nodiscard]] static Result<KVCache> create(const ModelShape& shape, const offload_options& offload = {}) {
     auto bad = [](std::string m) { return fail(Errc::invalid_argument, "KVCache::create: " + std::move(m)); };
     if (shape.layers <= 0 || shape.q_heads <= 0 || shape.kv_heads <= 0 || shape.head_dim <= 0 || shape.max_tokens <= 0)
       return bad("layers, q_heads, kv_heads, head_dim and max_tokens must all be positive");
@@ -179,7 +194,14 @@ class KVCache {
                    std::to_string(shape.max_tokens) + ") is below the " + std::to_string(EvictP::protected_tokens) +
                    " tokens of its sink, recent and open blocks");
     }
-    return KVCache(shape);
+    if constexpr (offloads) {
+      KVCache c(shape);
+      if (Status s = c.off_.init(c, offload); !s) return s.error();
+      return c;
+    } else {
+      (void)offload;
+      return KVCache(shape);
+    }
   }
 
   KVCache(KVCache&&) noexcept = default;
@@ -193,6 +215,7 @@ class KVCache {
       scratch_ = std::move(o.scratch_);
       refs_ = std::move(o.refs_);
       mass_ = std::move(o.mass_);
+      off_ = std::move(o.off_);
     }
     return *this;
   }
@@ -283,6 +306,9 @@ class KVCache {
                                               " queries but the latest append held " +
                                               std::to_string(L.chunk_tokens) + " tokens");
     const int group = shape_.q_heads / shape_.kv_heads;
+    if constexpr (offloads) {  // prefetch the next layers, pin this layer's offloaded blocks (or fail naming one)
+      if (Status s = off_.begin_attend(layer); !s) return s;
+    }
     for (int h = 0; h < shape_.kv_heads; ++h) {
       kernels::AttendArgs a = args_for(L, h, q.data() + static_cast<std::int64_t>(h) * group * shape_.head_dim,
                                        out.data() + static_cast<std::int64_t>(h) * group * shape_.head_dim, n_q, group);
@@ -296,6 +322,7 @@ class KVCache {
         run_kernel(a, seg);
       }
     }
+    if constexpr (offloads) off_.end_attend();
     if constexpr (is_snapkv) {
       if (!L.compressed) remember_queries(L, q, n_q);
     }
@@ -330,6 +357,7 @@ class KVCache {
 
   /// Empties the cache; every byte it releases is zeroed first. Capacity and shape are kept.
   void reset() {
+    if constexpr (offloads) off_.reset();
     wipe();
     layers_.clear();
     layers_.resize(static_cast<std::size_t>(shape_.layers));
@@ -370,7 +398,10 @@ class KVCache {
     std::size_t total = 0;
     for (const Layer& L : layers_) {
       for (const Head& H : L.heads)
-        total += H.blocks.size() * (layout_.bytes + sizeof(BlockHeader)) + H.valid.capacity() * sizeof(std::uint64_t) +
+        total += H.blocks.size() * sizeof(BlockHeader) +
+                 static_cast<std::size_t>(std::count_if(H.blocks.begin(), H.blocks.end(), [](const Block& b) { return b.data != nullptr; })) *
+                     layout_.bytes +
+                 H.valid.capacity() * sizeof(std::uint64_t) +
                  (H.slot_token.capacity() + H.slot_score.capacity() + H.pend_score.capacity()) * 4;
       total += (L.sink_k.capacity() + L.sink_v.capacity() + L.pend_k.capacity() + L.pend_v.capacity() +
                 L.chunk_k.capacity() + L.chunk_v.capacity() + L.obs_q.capacity()) * sizeof(float) +
@@ -397,11 +428,24 @@ class KVCache {
     return evicts ? L.heads[0].live : L.committed;
   }
   [[nodiscard]] const ModelShape& shape() const noexcept { return shape_; }
+  /// Offload<> only: the offload state: prefetch(layer) hint for the engine, metrics(),
+  /// flush(), store() (include/kvpack/offload/cache_offload.hpp).
+  [[nodiscard]] auto& offload() noexcept
+    requires(offloads)
+  {
+    return off_;
+  }
+  [[nodiscard]] const auto& offload() const noexcept
+    requires(offloads)
+  {
+    return off_;
+  }
   [[nodiscard]] const BlockLayout& block_layout() const noexcept { return layout_; }
 
   /// The quantized blocks of (layer, kv_head), oldest first. Without eviction, block b holds cache
   /// indices [sinks + b * block_tokens, ...); with eviction, slots are reused (see read_back for
-  /// the tokens they hold). Empty span for out-of-range arguments.
+  /// the tokens they hold). With Offload<>, a block held by the offload store has a null `data`
+  /// (its header stays here). Empty span for out-of-range arguments.
   [[nodiscard]] std::span<const Block> blocks(int layer, int kv_head) const noexcept {
     if (layer < 0 || layer >= shape_.layers || kv_head < 0 || kv_head >= shape_.kv_heads) return {};
     return layers_[static_cast<std::size_t>(layer)].heads[static_cast<std::size_t>(kv_head)].blocks;
@@ -423,7 +467,7 @@ class KVCache {
 
   /// Decodes everything (layer, kv_head) holds as attention reads it (except that attention reads
   /// the latest chunk exactly), sorted by cache index; `indices` gives each row's cache index.
-  /// Errc::invalid_argument for bad indices.
+  /// Errc::invalid_argument for bad indices; with Offload<>, the fetch errors of attend().
   [[nodiscard]] Result<HeadContents> read_back(int layer, int kv_head) const {
     if (layer < 0 || layer >= shape_.layers || kv_head < 0 || kv_head >= shape_.kv_heads)
       return fail(Errc::invalid_argument, "read_back: layer or kv_head out of range");
@@ -452,13 +496,23 @@ class KVCache {
     std::vector<std::int32_t> tp;
     for (std::size_t bi = 0; bi < H.blocks.size(); ++bi) {
       const Block& b = H.blocks[bi];
+      const std::byte* data = b.data.get();
+      [[maybe_unused]] typename OffloadP::state::handle hold{};  // keeps an offloaded block's bytes alive below
+      if constexpr (offloads) {
+        if (!data) {
+          auto r = off_.hold(layer, kv_head, static_cast<std::int64_t>(bi));
+          if (!r) return r.error();
+          hold = std::move(r).value();
+          data = hold.bytes().data();
+        }
+      }
       if constexpr (any_keyframe)
-        kernels::keyframe_detail::decode_block<key_codec, value_codec>(layout_, b.data.get(), b.header.flags,
+        kernels::keyframe_detail::decode_block<key_codec, value_codec>(layout_, data, b.header.flags,
                                                                        b.header.count, s.k_tile.data(), s.v_tile.data());
       else
         kernels::scalar_detail::dequantize_block<key_codec, value_codec, keys_per_channel>(
-            layout_, kernels::BlockRef{b.data.get(), 0, b.header.count, nullptr}, s);
-      const auto* pos = reinterpret_cast<const std::int32_t*>(b.data.get() + layout_.positions);
+            layout_, kernels::BlockRef{data, 0, b.header.count, nullptr}, s);
+      const auto* pos = reinterpret_cast<const std::int32_t*>(data + layout_.positions);
       for (std::size_t t = 0; t < b.header.count; ++t) {
         const std::size_t slot = bi * static_cast<std::size_t>(block_tokens) + t;
         std::int64_t index = L.sinks_held + static_cast<std::int64_t>(slot);
@@ -606,7 +660,11 @@ class KVCache {
         const std::int64_t first = L.sinks_held + static_cast<std::int64_t>(refs_.size()) * block_tokens;
         const std::int64_t count = std::min<std::int64_t>(b.header.count, chunk_start - first);
         if (count <= 0) break;
-        refs_.push_back({b.data.get(), first, static_cast<int>(count), nullptr, b.header.flags});
+        const std::byte* data = b.data.get();
+        if constexpr (offloads) {
+          if (!data) data = off_.view(h, refs_.size());  // pinned by begin_attend
+        }
+        refs_.push_back({data, first, static_cast<int>(count), nullptr, b.header.flags});
       }
     }
     seg.blocks = refs_;
@@ -736,6 +794,10 @@ class KVCache {
     L.pend_pos.erase(L.pend_pos.begin(), L.pend_pos.begin() + n_commit);
     if constexpr (evicts)
       for (Head& H : L.heads) H.pend_score.erase(H.pend_score.begin(), H.pend_score.begin() + n_commit);
+    if constexpr (offloads) {  // hand blocks that became full (and old enough) to the offload store
+      const auto li = static_cast<int>(&L - layers_.data());
+      for (int h = 0; h < shape_.kv_heads; ++h) off_.hand_over(li, h, L.heads[static_cast<std::size_t>(h)].blocks);
+    }
   }
 
   // A free slot (reused first), growing the slot pool by one block when needed.
@@ -1004,6 +1066,7 @@ class KVCache {
   kernels::Scratch scratch_;
   std::vector<kernels::BlockRef> refs_;
   std::vector<float> mass_;
+  typename OffloadP::state off_;  // offload store and attend-time handles (empty without Offload<>)
 };
 
 }  // namespace kvpack

@@ -5,6 +5,7 @@
 #include "kvpack/offload/block_header.hpp"
 #include "kvpack/offload/block_id.hpp"
 #include "kvpack/offload/block_record.hpp"
+#include "kvpack/offload/cache_offload.hpp"
 #include "kvpack/offload/cache_layout.hpp"
 #include "kvpack/offload/crypto.hpp"
 #include "kvpack/offload/file_backend.hpp"

@@ -21,6 +21,7 @@ struct residual {};
 struct blocks {};
 struct backend {};
 struct eviction {};
+struct offload {};  ///< NoOffload (default, include/kvpack/cache/offload_hooks.hpp) or offload::Offload<...>
 }  // namespace role
 
 /// Key grouping axis: groups run along head_dim within each token (per-token, the default).

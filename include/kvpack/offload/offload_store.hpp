@@ -334,6 +334,17 @@ class OffloadStore {
     return worker_->request(layers);
   }
 
+  /// Changes the resident budget (payload bytes the hot tier aims to hold) at run time; when
+  /// the resident set is now over it, blocks move down as after a put() (write-behind on the
+  /// worker, or a synchronous rebalance whose error is kept for flush()).
+  void set_resident_budget(uint64_t bytes) {
+    {
+      std::lock_guard lock(mu_);
+      cfg_.resident_budget_bytes = bytes;
+    }
+    after_growth();
+  }
+
   /// Removes block `key`: its hot copy is wiped once no handle shows it, its record slot is
   /// freed. Waits while it is being moved. Errc::not_present if absent.
   [[nodiscard]] Status erase(const BlockKey& key) {
@@ -744,6 +755,9 @@ class OffloadStore {
         std::unique_lock lock(mu_);
         auto it = map_.find(k);
         if (it == map_.end() || it->second.version == 0 || it->second.hot || it->second.busy) continue;
+        // The compute thread moved on and this layer is no longer protected: a fetch now would
+        // be evicted again before use (wasted I/O), so skip it.
+        if (window_distance(protect_, k.layer) < 0) continue;
         if (auto s = fetch_locked(lock, k, it->second, /*by_prefetch=*/true); !s) {
           lock.unlock();
           keep_bg_error(s.error());
