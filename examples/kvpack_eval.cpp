@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -28,6 +29,9 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+
+#include <kvpack/plan/candidates.hpp>
+#include <kvpack/plan/planner.hpp>
 
 #include "llama/eval.hpp"
 #include "llama/model.hpp"
@@ -51,7 +55,16 @@ struct Options {
   bool needle = true;
   std::vector<int64_t> needle_lengths{1024};
   std::vector<int> needle_depths{10, 50, 90};
+  // Per-layer planning (issue 9): --profile writes a sensitivity table, --plan evaluates plans.
+  std::string profile, plan;
+  int first_window = 0;
+  std::vector<std::string> profile_candidates{"fp16", "int8", "k8v4", "kivi4", "int4-g32", "int4-g64"};
+  std::vector<std::string> plan_budgets{"int4-g32", "int8"};
+  std::string replan_from = "fp16";
 };
+
+/// The per-layer cache the planner drives (candidate i = kvpack::plan::standard_candidate_names[i]).
+using PlanCache = kvpack::plan::StandardLayeredCache;
 
 /// Progress bar with ETA on stderr, in token units; one line per 10 % when stderr is not a TTY.
 class Progress {
@@ -215,8 +228,9 @@ class Evaluator {
   kvpack::Status score(PolicyStats& st, const Window& w, bool baseline, bool first_window, Progress& prog,
                        KvDump* dump) {
     const auto n = static_cast<int64_t>(w.tokens.size());
-    auto cache = Cache::create(m_.cache_shape(n + opt_.decode_tokens));
+    auto cache = make_cache<Cache>(m_.cache_shape(n + opt_.decode_tokens));
     if (!cache) return cache.error();
+    kvpack::Status hook_status;
     const int64_t rows = n - 1 - w.first_row;
     if (baseline) {
       base_.logprobs.resize(rows, m_.cfg.vocab);
@@ -256,9 +270,12 @@ class Evaluator {
         [&, done = int64_t{0}](int64_t e) mutable {
           prog.advance(e - done);
           done = e;
+          if constexpr (std::is_same_v<Cache, PlanCache>)
+            if (plan_hook && hook_status) hook_status = plan_hook(*cache, e, n);
         },
         dump ? dump->tap() : kl::KvTap{});
     if (!s) return s;
+    if (!hook_status) return hook_status;
     st.prefill_s += seconds_since(t0) - scoring_s;
     st.prefill_tokens += n;
     st.kl.insert(st.kl.end(), kls.begin(), kls.end());
@@ -352,6 +369,21 @@ class Evaluator {
 
   void set_im_end(int32_t id) { im_end_ = id; }
 
+  /// How score<PlanCache> builds its cache (the plan), and what it does after each chunk
+  /// (tokens done, window length): a re-plan mid-sequence.
+  std::function<kvpack::Result<PlanCache>(const kvpack::ModelShape&)> plan_factory;
+  std::function<kvpack::Status(PlanCache&, int64_t, int64_t)> plan_hook;
+
+  template <class Cache>
+  kvpack::Result<Cache> make_cache(const kvpack::ModelShape& s) const {
+    if constexpr (std::is_same_v<Cache, PlanCache>) {
+      if (!plan_factory) return kvpack::fail(kvpack::Errc::invalid_argument, "no plan set");
+      return plan_factory(s);
+    } else {
+      return Cache::create(s);
+    }
+  }
+
  private:
   const kl::Model& m_;
   const kl::Tokenizer& tok_;
@@ -422,6 +454,8 @@ std::vector<NeedleCase> make_needles(const kl::Tokenizer& tok, const std::vector
   return ss.str();
 }
 
+#include "kvpack_eval_plan.inc"
+
 int run(int argc, char** argv) {
   Options opt;
   std::string policies_arg;
@@ -453,6 +487,19 @@ int run(int argc, char** argv) {
   app.add_option("--needle-depths", opt.needle_depths, "Needle depths in percent of the filler")->delimiter(',');
   app.add_option("--filler", opt.filler,
                  "Needle filler text (default: ../shared/data/wikitext-2-raw/wiki.test.raw, else --text)");
+  app.add_option("--first-window", opt.first_window, "Skip this many --ctx windows of --text first (held-out windows)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--profile", opt.profile,
+                 "Sensitivity profile: per layer x candidate, KL vs the fp32 cache with only that layer compressed; "
+                 "writes this JSON file (use a short --ctx, 1 window)");
+  app.add_option("--profile-candidates", opt.profile_candidates, "Candidates profiled (fp32 costs 0 by definition)")
+      ->delimiter(',');
+  app.add_option("--plan", opt.plan,
+                 "Evaluate per-layer plans from this --profile JSON at the budgets of --plan-budgets, plus a run whose "
+                 "budget halves mid-sequence");
+  app.add_option("--plan-budgets", opt.plan_budgets, "Budgets named by the uniform policy whose bytes they equal")
+      ->delimiter(',');
+  app.add_option("--replan-from", opt.replan_from, "Uniform policy whose bytes are the budget before it halves");
   CLI11_PARSE(app, argc, argv);
 
   if (list) {
@@ -506,7 +553,7 @@ int run(int argc, char** argv) {
     const auto text = read_file(opt.text);
     if (!text) return die("cannot read text file '" + opt.text + "'");
     const auto ids = tok->encode(*text);
-    const auto avail = static_cast<int>(static_cast<int64_t>(ids.size()) / opt.ctx);
+    const auto avail = static_cast<int>(static_cast<int64_t>(ids.size()) / opt.ctx) - opt.first_window;
     if (avail < 1)
       return die("'" + opt.text + "' has " + std::to_string(ids.size()) + " tokens, fewer than one window of --ctx " +
                  std::to_string(opt.ctx));
@@ -516,7 +563,8 @@ int run(int argc, char** argv) {
       opt.windows = avail;
     }
     for (int w = 0; w < opt.windows; ++w) {
-      windows.push_back({std::vector<int32_t>(ids.begin() + w * opt.ctx, ids.begin() + (w + 1) * opt.ctx), opt.ctx / 2});
+      const int64_t w0 = int64_t(w + opt.first_window) * opt.ctx;
+      windows.push_back({std::vector<int32_t>(ids.begin() + w0, ids.begin() + w0 + opt.ctx), opt.ctx / 2});
       if (tok->add_bos()) windows.back().tokens[0] = tok->bos();  // as llama-perplexity does
     }
     source = std::filesystem::path(opt.text).filename().string();
@@ -561,6 +609,12 @@ int run(int argc, char** argv) {
   const int64_t per_window = windows.empty() ? static_cast<int64_t>(gen_prompt.size()) + opt.gen_tokens : opt.ctx;
   total += P * (per_window * std::max<int64_t>(1, static_cast<int64_t>(windows.size())) + opt.decode_tokens);
   for (const auto& c : needles) total += P * static_cast<int64_t>(c.prompt.size() + c.answer.size() - 1);
+  if ((!opt.profile.empty() || !opt.plan.empty()) && opt.text.empty()) return die("--profile and --plan need --text");
+  if (!opt.profile.empty() || !opt.plan.empty()) {
+    Evaluator pev(*model, *tok, opt);
+    return !opt.profile.empty() ? run_profile(*model, pev, opt, windows, model_name, source)
+                                : run_plan(*model, pev, opt, windows, model_name, source);
+  }
   Progress prog(total);
   Evaluator ev(*model, *tok, opt);
   ev.set_im_end(tok->eos());

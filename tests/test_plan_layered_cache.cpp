@@ -278,7 +278,7 @@ TEST(LayeredCache, StandardSet) {
   auto lc = plan::StandardLayeredCache::create(s, std::vector<int>{0, 3, 5});
   ASSERT_TRUE(lc) << lc.error().message;
   EXPECT_EQ(plan::StandardLayeredCache::candidates, int(plan::standard_candidate_names.size()));
-  EXPECT_EQ(plan::standard_candidate_names[3], "kivi4");
+  EXPECT_EQ(plan::standard_candidate_names[4], "kivi4");
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 
 namespace kvpack::plan {
 
+/// fp32 K and V (no compression; the reference every cost is measured against).
+using Fp32Cache = KVCache<Keys<Fp32>, Values<Fp32>>;
 /// fp16 K and V (16 bits/value).
 using Fp16Cache = KVCache<Keys<Fp16>, Values<Fp16>>;
 /// INT8 symmetric, group 32 along head_dim, fp16 scales (8.5 bits/value).
@@ -25,10 +27,10 @@ using Int4G64Cache = KVCache<Keys<Int4<Group<64>>>, Values<Int4<Group<64>>>>;
 
 /// The standard per-layer cache: candidate index i is the i-th type below, named
 /// standard_candidate_names[i] (the names kvpack-eval's registry uses for the same types).
-using StandardLayeredCache = LayeredCache<Fp16Cache, Int8Cache, K8V4Cache, Kivi4Cache, Int4G32Cache, Int4G64Cache>;
+using StandardLayeredCache = LayeredCache<Fp32Cache, Fp16Cache, Int8Cache, K8V4Cache, Kivi4Cache, Int4G32Cache, Int4G64Cache>;
 
 /// Names of StandardLayeredCache's candidates, in variant order.
-inline constexpr std::array<std::string_view, 6> standard_candidate_names{"fp16",  "int8",     "k8v4",
+inline constexpr std::array<std::string_view, 7> standard_candidate_names{"fp32", "fp16",     "int8",    "k8v4",
                                                                            "kivi4", "int4-g32", "int4-g64"};
 
 }  // namespace kvpack::plan
