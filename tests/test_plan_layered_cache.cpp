@@ -107,6 +107,13 @@ void step_and_check(Layered& cache, int l, const Chunk& c, const char* what) {
     heads.push_back(std::move(*hc));
   }
   const auto ref = ref64(heads, c);
+  const auto norms = cache.last_attn_norms(l);
+  ASSERT_EQ(norms.size(), c.pos.size());
+  for (size_t t = 0; t < norms.size(); ++t) {
+    double n2 = 0;
+    for (size_t i = 0; i < size_t(kQ * kD); ++i) n2 += ref[t * kQ * kD + i] * ref[t * kQ * kD + i];
+    EXPECT_NEAR(norms[t], std::sqrt(n2), 1e-4 * (1 + std::sqrt(n2))) << what;
+  }
   double worst = 0;
   for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(out[i] - ref[i]) / (1.0 + std::abs(ref[i])));
   EXPECT_LE(worst, 2e-5) << what << " layer " << l << " stored config " << cache.stored(l);

@@ -2,6 +2,7 @@
 // small closed set of compiled KVCache types, and re-plannable while the sequence grows.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -72,9 +73,28 @@ class LayeredCache {
   }
 
   /// Attention of the last n_q appended tokens of `layer` (KVCache::attend's layout and errors).
+  /// Also records each query token's attention-output L2 norm (all query heads), for a quality
+  /// monitor: last_attn_norms(layer).
   Status attend(int layer, std::span<const float> q, std::span<float> out) {
     if (layer < 0 || layer >= one_layers()) return fail(Errc::invalid_argument, "LayeredCache::attend: layer out of range");
-    return std::visit([&](auto& c) { return c.attend(0, q, out); }, layers_[static_cast<std::size_t>(layer)]);
+    auto s = std::visit([&](auto& c) { return c.attend(0, q, out); }, layers_[static_cast<std::size_t>(layer)]);
+    if (!s) return s;
+    const auto row = static_cast<std::size_t>(one_.q_heads) * static_cast<std::size_t>(one_.head_dim);
+    auto& norms = norms_[static_cast<std::size_t>(layer)];
+    norms.assign(out.size() / row, 0.f);
+    for (std::size_t t = 0; t < norms.size(); ++t) {
+      double acc = 0;
+      for (std::size_t i = 0; i < row; ++i) acc += double(out[t * row + i]) * double(out[t * row + i]);
+      norms[t] = static_cast<float>(std::sqrt(acc));
+    }
+    return {};
+  }
+
+  /// L2 norms of the attention outputs of `layer`'s last attend, one per query token ([n_q]);
+  /// empty before the first attend or for an out-of-range layer.
+  [[nodiscard]] std::span<const float> last_attn_norms(int layer) const noexcept {
+    if (layer < 0 || layer >= one_layers()) return {};
+    return norms_[static_cast<std::size_t>(layer)];
   }
 
   /// Sets a new configuration per layer (choice: [layers] candidate indices). Cheap: layers whose
@@ -204,6 +224,7 @@ class LayeredCache {
   explicit LayeredCache(const ModelShape& shape) : one_(shape), layers_count_(shape.layers) {
     one_.layers = 1;
     layers_.reserve(static_cast<std::size_t>(shape.layers));
+    norms_.resize(static_cast<std::size_t>(shape.layers));
   }
   [[nodiscard]] int one_layers() const noexcept { return layers_count_; }
 
@@ -224,6 +245,7 @@ class LayeredCache {
   int layers_count_ = 0;
   std::vector<variant_type> layers_;
   std::vector<int> target_;
+  std::vector<std::vector<float>> norms_;  // [layers][n_q of the last attend]
   std::int64_t replans_ = 0, migrations_ = 0, recompressed_ = 0;
 };
 
