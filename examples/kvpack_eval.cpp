@@ -31,6 +31,8 @@
 #include <nlohmann/json.hpp>
 
 #include <kvpack/plan/candidates.hpp>
+#include <kvpack/plan/metrics.hpp>
+#include <kvpack/plan/monitor.hpp>
 #include <kvpack/plan/planner.hpp>
 
 #include "llama/eval.hpp"
@@ -45,6 +47,12 @@ using kl::RowMat;
 using Clock = std::chrono::steady_clock;
 
 [[nodiscard]] double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+/// A sequence to score: tokens, and the first logit row scored (row i predicts token i + 1).
+struct Window {
+  std::vector<int32_t> tokens;
+  int64_t first_row = 0;
+};
 
 struct Options {
   std::string model, text, filler, json, markdown, plot, dump_kv;
@@ -61,6 +69,11 @@ struct Options {
   std::vector<std::string> profile_candidates{"fp16", "int8", "k8v4", "kivi4", "int4-g32", "int4-g64"};
   std::vector<std::string> plan_budgets{"int4-g32", "int8"};
   std::string replan_from = "fp16";
+  bool fallback = false;
+  double fallback_k = 3.0;
+  int fallback_calm = 32;
+  int64_t calib_ctx = 256;
+  Window calib;  // --plan --fallback: the calibration window (the profile's text slice)
 };
 
 /// The per-layer cache the planner drives (candidate i = kvpack::plan::standard_candidate_names[i]).
@@ -147,12 +160,6 @@ struct PolicyStats {
     std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
     return v[k];
   }
-};
-
-/// A sequence to score: tokens, and the first logit row scored (row i predicts token i + 1).
-struct Window {
-  std::vector<int32_t> tokens;
-  int64_t first_row = 0;
 };
 
 /// State shared across policies for the window being scored: the fp32-cache log-probabilities.
@@ -262,6 +269,8 @@ class Evaluator {
           st.agree += top == base_.argmax[size_t(row)];
         }
       }
+      if constexpr (std::is_same_v<Cache, PlanCache>)
+        if (row_hook) row_hook(*cache, lg);
       scoring_s += seconds_since(t0);
     };
     const auto t0 = Clock::now();
@@ -373,6 +382,8 @@ class Evaluator {
   /// (tokens done, window length): a re-plan mid-sequence.
   std::function<kvpack::Result<PlanCache>(const kvpack::ModelShape&)> plan_factory;
   std::function<kvpack::Status(PlanCache&, int64_t, int64_t)> plan_hook;
+  /// Called by score<PlanCache> with each chunk's scored rows, log-softmaxed (the quality monitor).
+  std::function<void(PlanCache&, const RowMat&)> row_hook;
 
   template <class Cache>
   kvpack::Result<Cache> make_cache(const kvpack::ModelShape& s) const {
@@ -499,7 +510,13 @@ int run(int argc, char** argv) {
                  "budget halves mid-sequence");
   app.add_option("--plan-budgets", opt.plan_budgets, "Budgets named by the uniform policy whose bytes they equal")
       ->delimiter(',');
-  app.add_option("--replan-from", opt.replan_from, "Uniform policy whose bytes are the budget before it halves");
+  app.add_option("--replan-from", opt.replan_from, "Uniform policy whose bytes are the budget before it halves (none: no halving run)");
+  app.add_flag("--fallback", opt.fallback,
+               "--plan: also run the first planned budget with the quality monitor (entropy / attention-norm spikes "
+               "raise precision for new tokens)");
+  app.add_option("--fallback-k", opt.fallback_k, "Monitor threshold: mean + k * std of the fp32 calibration run");
+  app.add_option("--fallback-calm", opt.fallback_calm, "Quiet tokens before the monitor switches back");
+  app.add_option("--calib-ctx", opt.calib_ctx, "Calibration slice (first tokens of --text, as --profile uses) for --fallback");
   CLI11_PARSE(app, argc, argv);
 
   if (list) {
@@ -568,6 +585,10 @@ int run(int argc, char** argv) {
       if (tok->add_bos()) windows.back().tokens[0] = tok->bos();  // as llama-perplexity does
     }
     source = std::filesystem::path(opt.text).filename().string();
+    if (static_cast<int64_t>(ids.size()) >= opt.calib_ctx) {  // calibration slice: the text's first tokens
+      opt.calib = {std::vector<int32_t>(ids.begin(), ids.begin() + opt.calib_ctx), opt.calib_ctx / 2};
+      if (tok->add_bos()) opt.calib.tokens[0] = tok->bos();
+    }
   } else {
     // Chat-formatted request to the instruct model, special tokens by id.
     const int32_t im_start = tok->bos();
