@@ -282,7 +282,7 @@ class Evaluator {
           if constexpr (std::is_same_v<Cache, PlanCache>)
             if (plan_hook && hook_status) hook_status = plan_hook(*cache, e, n);
         },
-        dump ? dump->tap() : kl::KvTap{});
+        dump ? dump->tap() : (std::is_same_v<Cache, PlanCache> && kv_tap ? kv_tap : kl::KvTap{}));
     if (!s) return s;
     if (!hook_status) return hook_status;
     st.prefill_s += seconds_since(t0) - scoring_s;
@@ -384,6 +384,8 @@ class Evaluator {
   std::function<kvpack::Status(PlanCache&, int64_t, int64_t)> plan_hook;
   /// Called by score<PlanCache> with each chunk's scored rows, log-softmaxed (the quality monitor).
   std::function<void(PlanCache&, const RowMat&)> row_hook;
+  /// Sees the K/V every layer appends in score<PlanCache> (quantization-error sampling).
+  kl::KvTap kv_tap;
 
   template <class Cache>
   kvpack::Result<Cache> make_cache(const kvpack::ModelShape& s) const {

@@ -2,6 +2,7 @@
 // small closed set of compiled KVCache types, and re-plannable while the sequence grows.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>

@@ -18,6 +18,7 @@
 // Plan::exact says which case held.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -64,8 +65,8 @@ struct Plan {
 };
 
 /// Core planner on integer byte counts. cost, bytes: [layers][candidates] row-major; every cost
-/// finite and >= 0; budget in bytes. Ties in cost resolve to the lower candidate index of the last
-/// layer first (deterministic). Errors: Errc::invalid_argument for bad sizes, negative or
+/// finite and >= 0; budget in bytes. Deterministic: where candidates of a layer tie in cost for the
+/// same remaining budget, the lower candidate index wins. Errors: Errc::invalid_argument for bad sizes, negative or
 /// non-finite costs, more than 255 candidates; Errc::capacity_exceeded when even the smallest
 /// candidate of every layer exceeds the budget (the message gives the minimum bytes), or when
 /// rounding to a coarse granularity made the budget unreachable.
