@@ -1,5 +1,6 @@
 // QualityMonitor: entropy against float64, threshold calibration, the fallback state machine
 // and its switch log.
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -68,6 +69,69 @@ TEST(Monitor, SwitchesOnSpikesAndRecoversAfterCalmSteps) {
   EXPECT_TRUE(m.in_fallback());
   EXPECT_EQ(m.fallbacks(), 2);
   EXPECT_STREQ(trigger_name(Trigger::attn_norm_spike), "attn_norm_spike");
+}
+
+// The attention-output norm grows slowly with position. A threshold calibrated once on the first
+// tokens fires permanently once the drift passes it; a running baseline follows the drift, still
+// catches a real spike, and recovers after it.
+TEST(Monitor, RunningNormBaselineFollowsDriftAndCatchesSpikes) {
+  const int n = 2001, spike_at = 1500, spike_len = 5;
+  std::vector<double> norm(n);
+  for (int i = 0; i < n; ++i) {
+    norm[size_t(i)] = 5.0 + 5.0 * i / (n - 1) + 0.05 * std::sin(0.7 * i);  // drift 5 -> 10, small ripple
+    if (i >= spike_at && i < spike_at + spike_len) norm[size_t(i)] *= 1.5;
+  }
+  // Fixed: mean + 4 std of the first 128 steps.
+  std::vector<double> e(128, 1.0), cal(norm.begin(), norm.begin() + 128);
+  auto thr = calibrate(e, cal, 4.0);
+  ASSERT_TRUE(thr.has_value());
+  QualityMonitor fixed(*thr, 16);
+  QualityMonitor running(*thr, NormBaseline{1.0 / 32, 4.0, 0.01, 16}, 16);
+  // float64 reference of the running baseline (same recurrence, written out here).
+  double mean = 0, var = 0;
+  int seen = 0;
+  for (int i = 0; i < n; ++i) {
+    if (i == 1000) {  // mid-drift: the monitor's threshold equals the reference
+      const double ref = mean + 4.0 * std::max(std::sqrt(var), 0.01 * mean);
+      EXPECT_NEAR(running.norm_threshold(), ref, 1e-12 * ref);
+      EXPECT_LT(running.norm_threshold(), norm[size_t(i)] * 1.05);  // follows the drift
+      EXPECT_GT(running.norm_threshold(), norm[size_t(i)]);
+    }
+    const double thr_now = running.norm_threshold();
+    (void)fixed.observe(1.0, norm[size_t(i)]);
+    (void)running.observe(1.0, norm[size_t(i)]);
+    if (norm[size_t(i)] <= thr_now) {
+      const double a = seen == 0 ? 1.0 : (seen < 16 ? 1.0 / (seen + 1) : 1.0 / 32), d = norm[size_t(i)] - mean;
+      if (seen == 0) {
+        mean = norm[size_t(i)];
+      } else {
+        mean += a * d;
+        var = (1 - a) * (var + a * d * d);
+      }
+      ++seen;
+    }
+  }
+  // Fixed threshold: switched on during the drift and never back.
+  ASSERT_EQ(fixed.log().size(), 1u);
+  EXPECT_LT(fixed.log()[0].step, spike_at);
+  EXPECT_TRUE(fixed.in_fallback());
+  // Running baseline: exactly the spike, then recovered after 16 calm steps.
+  ASSERT_EQ(running.log().size(), 2u);
+  EXPECT_EQ(running.log()[0].step, spike_at);
+  EXPECT_EQ(running.log()[0].trigger, Trigger::attn_norm_spike);
+  EXPECT_DOUBLE_EQ(running.log()[0].value, norm[spike_at]);
+  EXPECT_LT(running.log()[0].threshold, running.log()[0].value);
+  EXPECT_EQ(running.log()[1].trigger, Trigger::recovered);
+  EXPECT_EQ(running.log()[1].step, spike_at + spike_len + 15);
+  EXPECT_FALSE(running.in_fallback());
+}
+
+TEST(Monitor, RunningBaselineWarmupNeverSpikes) {
+  QualityMonitor m({100.0, 0.0}, NormBaseline{0.5, 1.0, 0.0, 4}, 2);
+  EXPECT_TRUE(std::isinf(m.norm_threshold()));
+  for (double x : {1.0, 50.0, 1.0, 1.0}) EXPECT_FALSE(m.observe(0.0, x).has_value());  // warm-up
+  EXPECT_FALSE(std::isinf(m.norm_threshold()));
+  EXPECT_TRUE(m.observe(0.0, 1000.0).has_value());
 }
 
 TEST(Monitor, RaisedPlan) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -58,6 +59,19 @@ struct MonitorThresholds {
   return MonitorThresholds{*e, *n};
 }
 
+/// Running baseline of the attention-output norm, for a spike test that follows the norm's slow
+/// drift with position (a fixed calibrated threshold measures context length more than damage).
+/// Exponential moving mean and variance with weight `alpha` per step (alpha = 1/32: a memory of
+/// about 32 tokens); a step spikes when norm > mean + k * max(std, min_rel_std * mean) of the
+/// baseline *before* that step. Spiking steps do not update the baseline (a real spike is not
+/// absorbed); the first `warmup` steps only seed it and never spike.
+struct NormBaseline {
+  double alpha = 1.0 / 32;    ///< EMA weight of a new step, in (0, 1]
+  double k = 4.0;             ///< spike at mean + k * std
+  double min_rel_std = 0.01;  ///< std floor relative to the mean (a flat signal still has a finite threshold)
+  int warmup = 16;            ///< steps that only seed the baseline
+};
+
 /// What made the monitor switch.
 enum class Trigger { entropy_spike, attn_norm_spike, recovered };
 
@@ -89,18 +103,44 @@ class QualityMonitor {
  public:
   /// calm_steps >= 1 (smaller values are taken as 1).
   explicit QualityMonitor(MonitorThresholds t, int calm_steps = 16) : t_(t), calm_(std::max(1, calm_steps)) {}
+  /// As above, but the attention-norm test uses a running baseline (`b`) instead of the fixed
+  /// thresholds.attn_norm; the entropy test keeps thresholds.entropy.
+  QualityMonitor(MonitorThresholds t, NormBaseline b, int calm_steps = 16)
+      : t_(t), calm_(std::max(1, calm_steps)), base_(b) {
+    base_->alpha = std::clamp(base_->alpha, 1e-6, 1.0);
+  }
+
+  /// The attention-norm threshold the next step is tested against (the fixed one, or the running
+  /// baseline's mean + k * std; +infinity while the baseline warms up).
+  [[nodiscard]] double norm_threshold() const noexcept {
+    if (!base_) return t_.attn_norm;
+    if (seen_ < base_->warmup || seen_ == 0) return std::numeric_limits<double>::infinity();
+    return mean_ + base_->k * std::max(std::sqrt(std::max(var_, 0.0)), base_->min_rel_std * std::abs(mean_));
+  }
 
   /// Observes one step; returns the switch it caused, if any (also appended to log()).
   std::optional<SwitchEvent> observe(double entropy, double attn_norm) {
     const std::int64_t step = step_++;
-    const bool e_spike = entropy > t_.entropy, n_spike = attn_norm > t_.attn_norm;
+    const double n_thr = norm_threshold();
+    const bool e_spike = entropy > t_.entropy, n_spike = attn_norm > n_thr;
+    if (base_ && !n_spike && std::isfinite(attn_norm)) {  // update the running baseline
+      if (seen_ == 0) {
+        mean_ = attn_norm;
+        var_ = 0;
+      } else {
+        const double a = seen_ < base_->warmup ? 1.0 / double(seen_ + 1) : base_->alpha, d = attn_norm - mean_;
+        mean_ += a * d;
+        var_ = (1 - a) * (var_ + a * d * d);
+      }
+      ++seen_;
+    }
     if (!on_) {
       if (!e_spike && !n_spike) return std::nullopt;
       on_ = true;
       quiet_ = 0;
       ++fallbacks_;
       SwitchEvent ev{step, e_spike ? Trigger::entropy_spike : Trigger::attn_norm_spike, e_spike ? entropy : attn_norm,
-                     e_spike ? t_.entropy : t_.attn_norm, true};
+                     e_spike ? t_.entropy : n_thr, true};
       log_.push_back(ev);
       return ev;
     }
@@ -131,6 +171,9 @@ class QualityMonitor {
   int quiet_ = 0;
   std::int64_t step_ = 0, fallbacks_ = 0;
   std::vector<SwitchEvent> log_;
+  std::optional<NormBaseline> base_;
+  double mean_ = 0, var_ = 0;  // running baseline of the attention norm
+  int seen_ = 0;               // steps that updated it
 };
 
 /// One plan step up in precision per layer for the fallback: maps each candidate index through
