@@ -69,6 +69,7 @@ struct Options {
   std::vector<std::string> profile_candidates{"fp16", "int8", "k8v4", "kivi4", "int4-g32", "int4-g64"};
   std::vector<std::string> plan_budgets{"int4-g32", "int8"};
   std::string replan_from = "fp16";
+  bool profile_merge = false;
   bool fallback = false;
   double fallback_k = 3.0;
   int fallback_calm = 32;
@@ -507,6 +508,9 @@ int run(int argc, char** argv) {
                  "writes this JSON file (use a short --ctx, 1 window)");
   app.add_option("--profile-candidates", opt.profile_candidates, "Candidates profiled (fp32 costs 0 by definition)")
       ->delimiter(',');
+  app.add_flag("--profile-merge", opt.profile_merge,
+               "--profile: keep the existing file's columns and profile only the candidates it lacks (same text, ctx, "
+               "windows and chunk required)");
   app.add_option("--plan", opt.plan,
                  "Evaluate per-layer plans from this --profile JSON at the budgets of --plan-budgets, plus a run whose "
                  "budget halves mid-sequence");
