@@ -72,6 +72,7 @@ struct Options {
   bool profile_merge = false;
   bool fallback = false;
   double fallback_k = 3.0;
+  std::string fallback_norm = "fixed";
   int fallback_calm = 32;
   int64_t calib_ctx = 256;
   Window calib;  // --plan --fallback: the calibration window (the profile's text slice)
@@ -521,6 +522,10 @@ int run(int argc, char** argv) {
                "--plan: also run the first planned budget with the quality monitor (entropy / attention-norm spikes "
                "raise precision for new tokens)");
   app.add_option("--fallback-k", opt.fallback_k, "Monitor threshold: mean + k * std of the fp32 calibration run");
+  app.add_option("--fallback-norm", opt.fallback_norm,
+                 "Attention-norm spike test: fixed (calibrated threshold) or running (mean + k std of an EMA baseline, "
+                 "1/32 per token, 16 warm-up tokens)")
+      ->check(CLI::IsMember({"fixed", "running"}));
   app.add_option("--fallback-calm", opt.fallback_calm, "Quiet tokens before the monitor switches back");
   app.add_option("--calib-ctx", opt.calib_ctx, "Calibration slice (first tokens of --text, as --profile uses) for --fallback");
   CLI11_PARSE(app, argc, argv);
