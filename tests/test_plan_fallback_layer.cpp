@@ -11,6 +11,7 @@
 
 #include <kvpack/plan/candidates.hpp>
 #include <kvpack/plan/fallback_layer.hpp>
+#include <kvpack/plan/layered_cache.hpp>
 
 namespace {
 
@@ -191,6 +192,58 @@ TEST(FallbackLayer, Errors) {
   ASSERT_TRUE(L->append(t.k, t.v, t.pos));
   std::vector<float> q(size_t(4) * kQ * kD), out(q.size());  // 4 queries > latest append of 3
   EXPECT_FALSE(L->attend(q, out));
+}
+
+}  // namespace
+
+namespace {
+
+// LayeredCache in segment mode: after switch_new_tokens, stored tokens stay as they were, new
+// tokens go to the new candidate, replan is refused, and attention equals a FallbackLayer fed the
+// same tokens with the same switch.
+TEST(FallbackLayer, LayeredCacheSegmentMode) {
+  using LC = plan::LayeredCache<plan::Fp32Cache, plan::Int8Cache, plan::Int4G32Cache>;
+  kvpack::ModelShape s2 = shape();
+  s2.layers = 2;
+  auto lc = LC::create(s2, std::vector<int>{kInt4, kInt8});
+  auto fl = Layer::create(shape(), kInt4, 4);
+  ASSERT_TRUE(lc && fl);
+  std::mt19937 g(5);
+  int pos = 0;
+  auto feed = [&](int n) {
+    Tokens t = make(g, pos, n);
+    pos += n;
+    for (int l = 0; l < 2; ++l) EXPECT_TRUE(lc->append(l, t.k, t.v, t.pos));
+    EXPECT_TRUE(fl->append(t.k, t.v, t.pos));
+    return t;
+  };
+  feed(33);
+  const auto before = *lc->read_back(0, 1);
+  plan::SwitchEvent on{33, plan::Trigger::entropy_spike, 9.5, 9.25, true};
+  ASSERT_TRUE(lc->switch_new_tokens(std::vector<int>{kInt8, kFp32}, on, 4));
+  ASSERT_TRUE(fl->switch_to(kInt8, on));
+  EXPECT_FALSE(lc->replan(std::vector<int>{kInt4, kInt4}));
+  feed(6);
+  auto t = feed(1);
+  EXPECT_EQ(lc->tokens(0), 40);
+  EXPECT_EQ(lc->stored(0), kInt8);
+  EXPECT_EQ(lc->stored(1), kFp32);
+  EXPECT_EQ(lc->exact_tokens(0), 4);
+  EXPECT_EQ(lc->fallback_switches(1), 1u);
+  EXPECT_EQ(lc->memory_bytes(0), fl->memory_bytes());
+  auto after = lc->read_back(0, 1);
+  ASSERT_TRUE(after);
+  ASSERT_EQ(after->k.size(), std::size_t(40) * kD);
+  EXPECT_TRUE(std::equal(before.k.begin(), before.k.end(), after->k.begin()));  // old tokens untouched
+  std::vector<float> a(t.q.size()), b(t.q.size());
+  ASSERT_TRUE(lc->attend(0, t.q, a));
+  ASSERT_TRUE(fl->attend(t.q, b));
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(lc->last_attn_norms(0).size(), 1u);
+  lc->reset();
+  EXPECT_EQ(lc->tokens(0), 0);
+  EXPECT_EQ(lc->exact_tokens(0), 0);
+  EXPECT_TRUE(lc->replan(std::vector<int>{kInt4, kInt4}));
 }
 
 }  // namespace

@@ -62,6 +62,19 @@ class FallbackLayer {
     return f;
   }
 
+  /// Takes over an existing one-layer cache `cache` (holding candidate `candidate`'s tokens) as
+  /// the first segment; same errors as create for `window`.
+  [[nodiscard]] static Result<FallbackLayer> adopt(ModelShape shape, variant_type&& cache, std::int64_t window) {
+    if (window < 0) return fail(Errc::invalid_argument, "FallbackLayer::adopt: window must be >= 0");
+    shape.layers = 1;
+    FallbackLayer f(shape, window);
+    const int candidate = static_cast<int>(cache.index());
+    f.total_ = std::visit([](const auto& c) { return c.tokens(0); }, cache);
+    f.last_first_ = f.total_;
+    f.segs_.push_back({std::move(cache), candidate, 0});
+    return f;
+  }
+
   /// Appends n tokens (k, v: [n][kv_heads][head_dim] post-RoPE, positions: [n]) to the current
   /// segment; KVCache::append's errors.
   Status append(std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> positions) {
@@ -168,6 +181,21 @@ class FallbackLayer {
     if (i >= segs_.size()) return fail(Errc::invalid_argument, "FallbackLayer::read_back: segment out of range");
     return std::visit([&](const auto& c) { return c.read_back(0, h); }, segs_[i].cache);
   }
+  /// Decoded contents of KV head h over all segments, in token order (indices global).
+  [[nodiscard]] Result<HeadContents> read_back_all(int h) const {
+    HeadContents all;
+    for (const auto& s : segs_) {
+      auto hc = std::visit([&](const auto& c) { return c.read_back(0, h); }, s.cache);
+      if (!hc) return hc.error();
+      all.k.insert(all.k.end(), hc->k.begin(), hc->k.end());
+      all.v.insert(all.v.end(), hc->v.begin(), hc->v.end());
+      all.positions.insert(all.positions.end(), hc->positions.begin(), hc->positions.end());
+      for (auto i : hc->indices) all.indices.push_back(s.first + i);
+    }
+    return all;
+  }
+  /// Candidate index new tokens go to.
+  [[nodiscard]] int current() const noexcept { return segs_.back().candidate; }
   /// True between a switch with fallback on and one with fallback off.
   [[nodiscard]] bool in_fallback() const noexcept { return on_; }
   /// Tokens held in the fp32 window now (<= window; 0 outside a fallback).

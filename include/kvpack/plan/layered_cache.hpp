@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -16,6 +17,10 @@
 #include "kvpack/result.hpp"
 
 namespace kvpack::plan {
+
+template <class... Caches>
+class FallbackLayer;  // fallback_layer.hpp (included at the end of this header)
+struct SwitchEvent;
 
 /// A per-layer KV cache. Layer l is a one-layer `KVCache` of the candidate type choice[l], held in
 /// a `std::variant<Caches...>`; every append/attend does one `std::visit` and then runs that
@@ -69,6 +74,7 @@ class LayeredCache {
   /// layer left on its old configuration and nothing appended).
   Status append(int layer, std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> positions) {
     if (layer < 0 || layer >= one_layers()) return fail(Errc::invalid_argument, "LayeredCache::append: layer out of range");
+    if (auto& f = fb_[static_cast<std::size_t>(layer)]) return f->append(k, v, positions);
     if (auto s = migrate(layer); !s) return s;
     return std::visit([&](auto& c) { return c.append(0, k, v, positions); }, layers_[static_cast<std::size_t>(layer)]);
   }
@@ -78,7 +84,8 @@ class LayeredCache {
   /// monitor: last_attn_norms(layer).
   Status attend(int layer, std::span<const float> q, std::span<float> out) {
     if (layer < 0 || layer >= one_layers()) return fail(Errc::invalid_argument, "LayeredCache::attend: layer out of range");
-    auto s = std::visit([&](auto& c) { return c.attend(0, q, out); }, layers_[static_cast<std::size_t>(layer)]);
+    auto& f = fb_[static_cast<std::size_t>(layer)];
+    auto s = f ? f->attend(q, out) : std::visit([&](auto& c) { return c.attend(0, q, out); }, layers_[static_cast<std::size_t>(layer)]);
     if (!s) return s;
     const auto row = static_cast<std::size_t>(one_.q_heads) * static_cast<std::size_t>(one_.head_dim);
     auto& norms = norms_[static_cast<std::size_t>(layer)];
@@ -103,6 +110,8 @@ class LayeredCache {
   /// set back to the configuration it still stores cancels its pending migration.
   /// Errors (Errc::invalid_argument, nothing changed): wrong size or an index out of range.
   Status replan(std::span<const int> choice) {
+    if (std::any_of(fb_.begin(), fb_.end(), [](const auto& f) { return f != nullptr; }))
+      return fail(Errc::invalid_argument, "LayeredCache::replan: layers are in segment mode (switch_new_tokens)");
     if (choice.size() != layers_.size())
       return fail(Errc::invalid_argument, "LayeredCache::replan: need one candidate index per layer (" +
                                               std::to_string(layers_.size()) + "), got " + std::to_string(choice.size()));
@@ -114,6 +123,38 @@ class LayeredCache {
     return {};
   }
 
+  /// Quality-fallback switch without migration: from now on layer l's new tokens go to
+  /// choice[l], while the tokens it stores stay as they are; ev.fallback true also keeps the last
+  /// `window` tokens of every layer in fp32 (read exactly by attention) until a switch with
+  /// ev.fallback false drops them. The first call puts every layer in segment mode
+  /// (FallbackLayer: reference-speed attention over the decoded segments) for the rest of the
+  /// sequence (until reset); replan() is then refused. Each switch is logged per layer
+  /// (fallback_log(l)). Errors (Errc::invalid_argument): sizes or indices, window < 0.
+  Status switch_new_tokens(std::span<const int> choice, const SwitchEvent& ev, std::int64_t window) {
+    if (choice.size() != layers_.size() || window < 0)
+      return fail(Errc::invalid_argument, "LayeredCache::switch_new_tokens: one candidate per layer and window >= 0");
+    for (int c : choice)
+      if (c < 0 || c >= candidates) return fail(Errc::invalid_argument, "LayeredCache::switch_new_tokens: index out of range");
+    for (std::size_t l = 0; l < layers_.size(); ++l) {
+      if (!fb_[l]) {
+        auto f = FallbackLayer<Caches...>::adopt(one_, std::move(layers_[l]), window);
+        if (!f) return f.error();
+        fb_[l] = std::make_unique<FallbackLayer<Caches...>>(std::move(*f));
+      }
+      if (auto s = fb_[l]->switch_to(choice[l], ev); !s) return s;
+      target_[l] = choice[l];
+    }
+    return {};
+  }
+  /// The switch log of `layer` in segment mode (empty otherwise).
+  [[nodiscard]] std::size_t fallback_switches(int layer) const noexcept {
+    return layer >= 0 && layer < one_layers() && fb_[static_cast<std::size_t>(layer)] ? fb_[static_cast<std::size_t>(layer)]->log().size() : 0;
+  }
+  /// Tokens `layer` holds in fp32 for an active fallback (0 outside segment mode).
+  [[nodiscard]] std::int64_t exact_tokens(int layer) const noexcept {
+    return layer >= 0 && layer < one_layers() && fb_[static_cast<std::size_t>(layer)] ? fb_[static_cast<std::size_t>(layer)]->exact_tokens() : 0;
+  }
+
   /// Migrates `layer` to its planned configuration now (no-op when it already holds it): its
   /// tokens are read back and re-appended to a fresh cache of the new type, positions kept.
   /// Errors: layer out of range (Errc::invalid_argument) or those of the new cache's create/append
@@ -121,6 +162,7 @@ class LayeredCache {
   Status migrate(int layer) {
     if (layer < 0 || layer >= one_layers()) return fail(Errc::invalid_argument, "LayeredCache::migrate: layer out of range");
     const auto L = static_cast<std::size_t>(layer);
+    if (fb_[L]) return {};  // segment mode: nothing is migrated
     if (static_cast<int>(layers_[L].index()) == target_[L]) return {};
     auto fresh = make(target_[L], one_);
     if (!fresh) return fresh.error();
@@ -155,7 +197,8 @@ class LayeredCache {
   /// planned configuration (pending migrations become moot). Counters are kept.
   void reset() {
     for (std::size_t l = 0; l < layers_.size(); ++l) {
-      if (static_cast<int>(layers_[l].index()) != target_[l]) {
+      if (fb_[l] || static_cast<int>(layers_[l].index()) != target_[l]) {
+        fb_[l].reset();
         auto v = make(target_[l], one_);  // cannot fail: the shape was accepted by create()
         if (v) {
           layers_[l] = std::move(*v);
@@ -169,22 +212,25 @@ class LayeredCache {
   /// Bytes of KV data held now, all layers (KVCache::memory_bytes of each layer's cache).
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
     std::size_t s = 0;
-    for (const auto& c : layers_) s += std::visit([](const auto& x) { return x.memory_bytes(); }, c);
+    for (int l = 0; l < one_layers(); ++l) s += memory_bytes(l);
     return s;
   }
   /// Bytes of KV data held now by `layer` (0 when out of range).
   [[nodiscard]] std::size_t memory_bytes(int layer) const noexcept {
     if (layer < 0 || layer >= one_layers()) return 0;
+    if (const auto& f = fb_[static_cast<std::size_t>(layer)]) return f->memory_bytes();
     return std::visit([](const auto& x) { return x.memory_bytes(); }, layers_[static_cast<std::size_t>(layer)]);
   }
   /// Tokens appended to `layer` so far (0 for an out-of-range layer).
   [[nodiscard]] std::int64_t tokens(int layer) const noexcept {
     if (layer < 0 || layer >= one_layers()) return 0;
+    if (const auto& f = fb_[static_cast<std::size_t>(layer)]) return f->tokens();
     return std::visit([](const auto& x) { return x.tokens(0); }, layers_[static_cast<std::size_t>(layer)]);
   }
   /// Decoded contents of (layer, kv_head), as KVCache::read_back. Errc::invalid_argument for bad indices.
   [[nodiscard]] Result<HeadContents> read_back(int layer, int kv_head) const {
     if (layer < 0 || layer >= one_layers()) return fail(Errc::invalid_argument, "LayeredCache::read_back: layer out of range");
+    if (const auto& f = fb_[static_cast<std::size_t>(layer)]) return f->read_back_all(kv_head);
     return std::visit([&](const auto& x) { return x.read_back(0, kv_head); }, layers_[static_cast<std::size_t>(layer)]);
   }
 
@@ -194,7 +240,9 @@ class LayeredCache {
   }
   /// Configuration `layer`'s tokens are stored in now (differs from planned() until migrated).
   [[nodiscard]] int stored(int layer) const noexcept {
-    return layer >= 0 && layer < one_layers() ? static_cast<int>(layers_[static_cast<std::size_t>(layer)].index()) : -1;
+    if (layer < 0 || layer >= one_layers()) return -1;
+    if (const auto& f = fb_[static_cast<std::size_t>(layer)]) return f->current();
+    return static_cast<int>(layers_[static_cast<std::size_t>(layer)].index());
   }
   /// The whole-model shape this cache was created with.
   [[nodiscard]] ModelShape shape() const noexcept {
@@ -208,7 +256,8 @@ class LayeredCache {
   [[nodiscard]] std::int64_t migrations() const noexcept { return migrations_; }
   [[nodiscard]] std::int64_t recompressed_tokens() const noexcept { return recompressed_; }
 
-  /// Calls f(cache) with layer's current KVCache (one layer, index 0). Precondition: layer in range.
+  /// Calls f(cache) with layer's current KVCache (one layer, index 0). Preconditions: layer in
+  /// range, not in segment mode (switch_new_tokens).
   template <class F>
   decltype(auto) visit(int layer, F&& f) {
     return std::visit(std::forward<F>(f), layers_[static_cast<std::size_t>(layer)]);
@@ -226,6 +275,7 @@ class LayeredCache {
     one_.layers = 1;
     layers_.reserve(static_cast<std::size_t>(shape.layers));
     norms_.resize(static_cast<std::size_t>(shape.layers));
+    fb_.resize(static_cast<std::size_t>(shape.layers));
   }
   [[nodiscard]] int one_layers() const noexcept { return layers_count_; }
 
@@ -247,7 +297,10 @@ class LayeredCache {
   std::vector<variant_type> layers_;
   std::vector<int> target_;
   std::vector<std::vector<float>> norms_;  // [layers][n_q of the last attend]
+  std::vector<std::unique_ptr<FallbackLayer<Caches...>>> fb_;  // segment mode per layer (switch_new_tokens)
   std::int64_t replans_ = 0, migrations_ = 0, recompressed_ = 0;
 };
 
 }  // namespace kvpack::plan
+
+#include "kvpack/plan/fallback_layer.hpp"  // NOLINT: completes FallbackLayer, used by LayeredCache
