@@ -73,6 +73,8 @@ struct Options {
   bool fallback = false;
   double fallback_k = 3.0;
   std::string fallback_norm = "fixed";
+  std::string fallback_mode = "migrate";
+  int64_t fallback_window = 64;
   int fallback_calm = 32;
   int64_t calib_ctx = 256;
   Window calib;  // --plan --fallback: the calibration window (the profile's text slice)
@@ -526,6 +528,11 @@ int run(int argc, char** argv) {
                  "Attention-norm spike test: fixed (calibrated threshold) or running (mean + k std of an EMA baseline, "
                  "1/32 per token, 16 warm-up tokens)")
       ->check(CLI::IsMember({"fixed", "running"}));
+  app.add_option("--fallback-mode", opt.fallback_mode,
+                 "migrate: a switch re-plans and migrates stored tokens; segments: new tokens only, stored tokens kept, "
+                 "fp32 copy of the last --fallback-window tokens during the fallback (reference-speed attention)")
+      ->check(CLI::IsMember({"migrate", "segments"}));
+  app.add_option("--fallback-window", opt.fallback_window, "--fallback-mode segments: tokens kept in fp32 during a fallback");
   app.add_option("--fallback-calm", opt.fallback_calm, "Quiet tokens before the monitor switches back");
   app.add_option("--calib-ctx", opt.calib_ctx, "Calibration slice (first tokens of --text, as --profile uses) for --fallback");
   CLI11_PARSE(app, argc, argv);
