@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -30,6 +31,11 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <kvpack/plan/candidates.hpp>
+#include <kvpack/plan/metrics.hpp>
+#include <kvpack/plan/monitor.hpp>
+#include <kvpack/plan/planner.hpp>
+
 #include "llama/eval.hpp"
 #include "llama/model.hpp"
 #include "llama/offload_eval.hpp"
@@ -44,6 +50,12 @@ using Clock = std::chrono::steady_clock;
 
 [[nodiscard]] double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+/// A sequence to score: tokens, and the first logit row scored (row i predicts token i + 1).
+struct Window {
+  std::vector<int32_t> tokens;
+  int64_t first_row = 0;
+};
+
 struct Options {
   std::string model, text, filler, json, markdown, plot, dump_kv;
   int64_t ctx = 512;
@@ -54,7 +66,25 @@ struct Options {
   std::vector<int64_t> needle_lengths{1024};
   std::vector<int> needle_depths{10, 50, 90};
   kl::OffloadEvalOptions offload;  // Offload<> policies: resident budget fraction, file directory
+  // Per-layer planning (issue 9): --profile writes a sensitivity table, --plan evaluates plans.
+  std::string profile, plan;
+  int first_window = 0;
+  std::vector<std::string> profile_candidates{"fp16", "int8", "k8v4", "kivi4", "int4-g32", "int4-g64"};
+  std::vector<std::string> plan_budgets{"int4-g32", "int8"};
+  std::string replan_from = "fp16";
+  bool profile_merge = false;
+  bool fallback = false;
+  double fallback_k = 3.0;
+  std::string fallback_norm = "fixed";
+  std::string fallback_mode = "migrate";
+  int64_t fallback_window = 64;
+  int fallback_calm = 32;
+  int64_t calib_ctx = 256;
+  Window calib;  // --plan --fallback: the calibration window (the profile's text slice)
 };
+
+/// The per-layer cache the planner drives (candidate i = kvpack::plan::standard_candidate_names[i]).
+using PlanCache = kvpack::plan::StandardLayeredCache;
 
 /// Progress bar with ETA on stderr, in token units; one line per 10 % when stderr is not a TTY.
 class Progress {
@@ -140,12 +170,6 @@ struct PolicyStats {
   }
 };
 
-/// A sequence to score: tokens, and the first logit row scored (row i predicts token i + 1).
-struct Window {
-  std::vector<int32_t> tokens;
-  int64_t first_row = 0;
-};
-
 /// State shared across policies for the window being scored: the fp32-cache log-probabilities.
 struct Baseline {
   RowMat logprobs;              // [scored rows][vocab]
@@ -219,8 +243,9 @@ class Evaluator {
   kvpack::Status score(PolicyStats& st, const Window& w, bool baseline, bool first_window, Progress& prog,
                        KvDump* dump) {
     const auto n = static_cast<int64_t>(w.tokens.size());
-    auto cache = kl::make_eval_cache<Cache>(m_.cache_shape(n + opt_.decode_tokens), n, opt_.offload, &st.offload);
+    auto cache = make_cache<Cache>(m_.cache_shape(n + opt_.decode_tokens), n, &st.offload);
     if (!cache) return cache.error();
+    kvpack::Status hook_status;
     const int64_t rows = n - 1 - w.first_row;
     // Exactness check of "X+offload" against "X": X's raw logits are kept for this window.
     const bool keep_twin = twins_.count(st.name) != 0;
@@ -270,6 +295,8 @@ class Evaluator {
           st.agree += top == base_.argmax[size_t(row)];
         }
       }
+      if constexpr (std::is_same_v<Cache, PlanCache>)
+        if (row_hook) row_hook(*cache, lg);
       scoring_s += seconds_since(t0);
     };
     const auto t0 = Clock::now();
@@ -279,9 +306,12 @@ class Evaluator {
         [&, done = int64_t{0}](int64_t e) mutable {
           prog.advance(e - done);
           done = e;
+          if constexpr (std::is_same_v<Cache, PlanCache>)
+            if (plan_hook && hook_status) hook_status = plan_hook(*cache, e, n);
         },
-        dump ? dump->tap() : kl::KvTap{});
+        dump ? dump->tap() : (std::is_same_v<Cache, PlanCache> && kv_tap ? kv_tap : kl::KvTap{}));
     if (!s) return s;
+    if (!hook_status) return hook_status;
     st.prefill_s += seconds_since(t0) - scoring_s;
     st.prefill_tokens += n;
     st.kl.insert(st.kl.end(), kls.begin(), kls.end());
@@ -384,6 +414,26 @@ class Evaluator {
 
   void set_im_end(int32_t id) { im_end_ = id; }
 
+  /// How score<PlanCache> builds its cache (the plan), and what it does after each chunk
+  /// (tokens done, window length): a re-plan mid-sequence.
+  std::function<kvpack::Result<PlanCache>(const kvpack::ModelShape&)> plan_factory;
+  std::function<kvpack::Status(PlanCache&, int64_t, int64_t)> plan_hook;
+  /// Called by score<PlanCache> with each chunk's scored rows, log-softmaxed (the quality monitor).
+  std::function<void(PlanCache&, const RowMat&)> row_hook;
+  /// Sees the K/V every layer appends in score<PlanCache> (quantization-error sampling).
+  kl::KvTap kv_tap;
+
+  template <class Cache>
+  kvpack::Result<Cache> make_cache(const kvpack::ModelShape& s, int64_t tokens = 0,
+                                    kl::OffloadReport* report = nullptr) const {
+    if constexpr (std::is_same_v<Cache, PlanCache>) {
+      if (!plan_factory) return kvpack::fail(kvpack::Errc::invalid_argument, "no plan set");
+      return plan_factory(s);
+    } else {
+      return kl::make_eval_cache<Cache>(s, tokens, opt_.offload, report);
+    }
+  }
+
  private:
   const kl::Model& m_;
   const kl::Tokenizer& tok_;
@@ -456,6 +506,8 @@ std::vector<NeedleCase> make_needles(const kl::Tokenizer& tok, const std::vector
   return ss.str();
 }
 
+#include "kvpack_eval_plan.inc"
+
 int run(int argc, char** argv) {
   Options opt;
   std::string policies_arg;
@@ -492,6 +544,37 @@ int run(int argc, char** argv) {
   app.add_option("--offload-dir", opt.offload.directory, "Offload policies: directory of the encrypted, unlinked block file (default $TMPDIR or /tmp)");
   app.add_option("--filler", opt.filler,
                  "Needle filler text (default: ../shared/data/wikitext-2-raw/wiki.test.raw, else --text)");
+  app.add_option("--first-window", opt.first_window, "Skip this many --ctx windows of --text first (held-out windows)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--profile", opt.profile,
+                 "Sensitivity profile: per layer x candidate, KL vs the fp32 cache with only that layer compressed; "
+                 "writes this JSON file (use a short --ctx, 1 window)");
+  app.add_option("--profile-candidates", opt.profile_candidates, "Candidates profiled (fp32 costs 0 by definition)")
+      ->delimiter(',');
+  app.add_flag("--profile-merge", opt.profile_merge,
+               "--profile: keep the existing file's columns and profile only the candidates it lacks (same text, ctx, "
+               "windows and chunk required)");
+  app.add_option("--plan", opt.plan,
+                 "Evaluate per-layer plans from this --profile JSON at the budgets of --plan-budgets, plus a run whose "
+                 "budget halves mid-sequence");
+  app.add_option("--plan-budgets", opt.plan_budgets, "Budgets named by the uniform policy whose bytes they equal")
+      ->delimiter(',');
+  app.add_option("--replan-from", opt.replan_from, "Uniform policy whose bytes are the budget before it halves (none: no halving run)");
+  app.add_flag("--fallback", opt.fallback,
+               "--plan: also run the first planned budget with the quality monitor (entropy / attention-norm spikes "
+               "raise precision for new tokens)");
+  app.add_option("--fallback-k", opt.fallback_k, "Monitor threshold: mean + k * std of the fp32 calibration run");
+  app.add_option("--fallback-norm", opt.fallback_norm,
+                 "Attention-norm spike test: fixed (calibrated threshold) or running (mean + k std of an EMA baseline, "
+                 "1/32 per token, 16 warm-up tokens)")
+      ->check(CLI::IsMember({"fixed", "running"}));
+  app.add_option("--fallback-mode", opt.fallback_mode,
+                 "migrate: a switch re-plans and migrates stored tokens; segments: new tokens only, stored tokens kept, "
+                 "fp32 copy of the last --fallback-window tokens during the fallback (reference-speed attention)")
+      ->check(CLI::IsMember({"migrate", "segments"}));
+  app.add_option("--fallback-window", opt.fallback_window, "--fallback-mode segments: tokens kept in fp32 during a fallback");
+  app.add_option("--fallback-calm", opt.fallback_calm, "Quiet tokens before the monitor switches back");
+  app.add_option("--calib-ctx", opt.calib_ctx, "Calibration slice (first tokens of --text, as --profile uses) for --fallback");
   CLI11_PARSE(app, argc, argv);
 
   if (list) {
@@ -545,7 +628,7 @@ int run(int argc, char** argv) {
     const auto text = read_file(opt.text);
     if (!text) return die("cannot read text file '" + opt.text + "'");
     const auto ids = tok->encode(*text);
-    const auto avail = static_cast<int>(static_cast<int64_t>(ids.size()) / opt.ctx);
+    const auto avail = static_cast<int>(static_cast<int64_t>(ids.size()) / opt.ctx) - opt.first_window;
     if (avail < 1)
       return die("'" + opt.text + "' has " + std::to_string(ids.size()) + " tokens, fewer than one window of --ctx " +
                  std::to_string(opt.ctx));
@@ -555,10 +638,15 @@ int run(int argc, char** argv) {
       opt.windows = avail;
     }
     for (int w = 0; w < opt.windows; ++w) {
-      windows.push_back({std::vector<int32_t>(ids.begin() + w * opt.ctx, ids.begin() + (w + 1) * opt.ctx), opt.ctx / 2});
+      const int64_t w0 = int64_t(w + opt.first_window) * opt.ctx;
+      windows.push_back({std::vector<int32_t>(ids.begin() + w0, ids.begin() + w0 + opt.ctx), opt.ctx / 2});
       if (tok->add_bos()) windows.back().tokens[0] = tok->bos();  // as llama-perplexity does
     }
     source = std::filesystem::path(opt.text).filename().string();
+    if (static_cast<int64_t>(ids.size()) >= opt.calib_ctx) {  // calibration slice: the text's first tokens
+      opt.calib = {std::vector<int32_t>(ids.begin(), ids.begin() + opt.calib_ctx), opt.calib_ctx / 2};
+      if (tok->add_bos()) opt.calib.tokens[0] = tok->bos();
+    }
   } else {
     // Chat-formatted request to the instruct model, special tokens by id.
     const int32_t im_start = tok->bos();
@@ -600,6 +688,12 @@ int run(int argc, char** argv) {
   const int64_t per_window = windows.empty() ? static_cast<int64_t>(gen_prompt.size()) + opt.gen_tokens : opt.ctx;
   total += P * (per_window * std::max<int64_t>(1, static_cast<int64_t>(windows.size())) + opt.decode_tokens);
   for (const auto& c : needles) total += P * static_cast<int64_t>(c.prompt.size() + c.answer.size() - 1);
+  if ((!opt.profile.empty() || !opt.plan.empty()) && opt.text.empty()) return die("--profile and --plan need --text");
+  if (!opt.profile.empty() || !opt.plan.empty()) {
+    Evaluator pev(*model, *tok, opt);
+    return !opt.profile.empty() ? run_profile(*model, pev, opt, windows, model_name, source)
+                                : run_plan(*model, pev, opt, windows, model_name, source);
+  }
   Progress prog(total);
   Evaluator ev(*model, *tok, opt);
   ev.set_im_end(tok->eos());
