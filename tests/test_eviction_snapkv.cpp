@@ -131,4 +131,48 @@ TEST(SnapKV, FirstDecodeStepCompressesThenDecodingAppendsNormally) {
   EXPECT_FALSE(c.compress_prompt(0)) << "a second compression is refused";
 }
 
+TEST(SnapKV, ObservationWindowSpanningTwoChunksIsCausal) {
+  // Regression: a prompt whose last chunk (2 tokens) is shorter than the observation window (4)
+  // puts window queries 8 and 9 in the previous chunk. Query 8 must not see key 9 (a later
+  // token): causally it gives ~0.8 of its mass to token 3, which then outranks token 5 (~0.37
+  // from query 10). If query 8 sees key 9 (which it matches more strongly), token 3 drops to
+  // ~0.03 and token 5 would be kept instead. Kernel 1, budget 1, head_dim 8, one head.
+  constexpr int Dh = 8;
+  using Cache = KVCache<SnapKV<1, 4, 1>>;
+  auto c = Cache::create({.layers = 1, .q_heads = 1, .kv_heads = 1, .head_dim = Dh, .max_tokens = 64}).value();
+  std::vector<float> k(12 * Dh, 0.f), v = kvtest::normal(12 * Dh, 5), q(12 * Dh, 0.f);
+  k[3 * Dh + 0] = 5.f;   // token 3: matched by query 8
+  k[9 * Dh + 0] = 10.f;  // token 9: matched more strongly by query 8, but it comes after it
+  k[5 * Dh + 1] = 5.f;   // token 5: matched by query 10
+  q[8 * Dh + 0] = 2.f;
+  q[10 * Dh + 1] = 1.f;  // queries 9 and 11 are zero: uniform over what they see
+  auto rows = [&](const std::vector<float>& x, int t0, int n) {
+    return std::vector<float>(x.begin() + t0 * Dh, x.begin() + (t0 + n) * Dh);
+  };
+  std::vector<float> out(12 * Dh);
+  ASSERT_TRUE(c.append(0, rows(k, 0, 10), rows(v, 0, 10), kvtest::iota_positions(0, 10)));
+  ASSERT_TRUE(c.attend(0, rows(q, 0, 10), std::span<float>(out.data(), 10 * Dh)));
+  ASSERT_TRUE(c.append(0, rows(k, 10, 2), rows(v, 10, 2), kvtest::iota_positions(10, 2)));
+  ASSERT_TRUE(c.attend(0, rows(q, 10, 2), std::span<float>(out.data(), 2 * Dh)));
+  // Float64 reference of the rule: causal softmax per window query, summed; keep the argmax.
+  auto mass = [&](int token) {
+    double total = 0;
+    for (int i = 8; i < 12; ++i) {
+      double l = 0, p = 0;
+      for (int t = 0; t <= i; ++t) {
+        double dot = 0;
+        for (int d = 0; d < Dh; ++d) dot += double{q[static_cast<size_t>(i * Dh + d)]} * k[static_cast<size_t>(t * Dh + d)];
+        const double e = std::exp(dot / std::sqrt(double{Dh}));
+        l += e;
+        if (t == token) p = e;
+      }
+      total += p / l;
+    }
+    return total;
+  };
+  ASSERT_GT(mass(3), mass(5)) << "the input must make the causal rule keep token 3";
+  ASSERT_TRUE(c.compress_prompt(0));
+  EXPECT_EQ(kvtest::kept_indices(c, 0, 0), (std::vector<int64_t>{3, 8, 9, 10, 11}));
+}
+
 }  // namespace

@@ -719,7 +719,10 @@ class KVCache {
   void commit(Layer& L) {
     constexpr std::int64_t unit = any_keyframe ? keyframe_interval : keys_per_channel ? key_codec::group_size : 1;
     const auto pending = static_cast<std::int64_t>(L.pend_pos.size());
-    const std::int64_t n_commit = (pending - residual_tokens) / unit * unit;
+    std::int64_t keep = residual_tokens;
+    if constexpr (is_snapkv)  // until compression, the observation window stays exact (causal scoring)
+      if (!L.compressed) keep = std::max<std::int64_t>(keep, EvictP::window);
+    const std::int64_t n_commit = (pending - keep) / unit * unit;
     if (n_commit <= 0) return;
     const std::size_t D = static_cast<std::size_t>(shape_.head_dim);
     const std::size_t stride = row_floats();
@@ -951,9 +954,9 @@ class KVCache {
       const auto n_obs = static_cast<std::int64_t>(L.obs_q.size() / qrow);
       std::vector<std::vector<float>> head_mass(static_cast<std::size_t>(shape_.kv_heads));
       std::vector<float> out(static_cast<std::size_t>(n_obs) * qrow);
-      // The queries sit at cache indices obs_first..; make them the "latest chunk" for causality.
-      const std::int64_t saved_chunk = L.chunk_tokens;
-      L.chunk_tokens = std::min<std::int64_t>(static_cast<std::int64_t>(L.pend_pos.size()), L.total - L.obs_first);
+      // The queries sit at cache indices obs_first..; their keys are all exact rows (commit() holds
+      // the window back until compression: pending, then the latest chunk), which the kernel masks
+      // causally by cache index, so no window query sees a later token.
       for (int h = 0; h < shape_.kv_heads && n_obs > 0; ++h) {
         const kernels::HeadSegments seg = segments(L, h);
         std::vector<float>& agg = head_mass[static_cast<std::size_t>(h)];
@@ -973,7 +976,7 @@ class KVCache {
         for (float& x : L.heads[static_cast<std::size_t>(h)].pend_score) x = 0.f;
         credit_mass(L, h, seg);
       }
-      L.chunk_tokens = saved_chunk;
+      L.compressed = true;  // set first: commit() then no longer holds the window back
       commit(L);  // the prompt's pending tokens take slots (carrying their scores) before selection
       const std::int64_t window_from = L.total - EvictP::window;
       for (Head& H : L.heads) {
