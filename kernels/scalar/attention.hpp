@@ -169,6 +169,20 @@ void dequantize_block(const BlockLayout& L, const BlockRef& b, Scratch& s) {
   }
 }
 
+/// Writes out[i][j][:] = acc / l for every (query, GQA head) state after the last tile; a state
+/// that saw no key (l == 0) writes zeros. Shared by the scalar and keyframe kernels.
+inline void write_output(const AttendArgs& a, const Scratch& s) {
+  const int D = a.head_dim;
+  for (int i = 0; i < a.n_q; ++i)
+    for (int j = 0; j < a.group; ++j) {
+      const int st = i * a.group + j;
+      const float inv = s.l[st] > 0.f ? 1.f / s.l[st] : 0.f;
+      const float* acc = s.acc.data() + static_cast<std::size_t>(st) * D;
+      float* o = a.out + i * a.out_stride + j * D;
+      for (int d = 0; d < D; ++d) o[d] = acc[d] * inv;
+    }
+}
+
 }  // namespace scalar_detail
 
 /// Fused dequant-attention for one KV head and its query group (decode: n_q = 1; prefill: n_q > 1).
@@ -221,14 +235,7 @@ void attend_scalar(const AttendArgs& a, const HeadSegments& seg, const BlockLayo
     }
   }
 
-  for (int i = 0; i < a.n_q; ++i)
-    for (int j = 0; j < a.group; ++j) {
-      const int st = i * a.group + j;
-      const float inv = s.l[st] > 0.f ? 1.f / s.l[st] : 0.f;
-      const float* acc = s.acc.data() + static_cast<std::size_t>(st) * D;
-      float* o = a.out + i * a.out_stride + j * D;
-      for (int d = 0; d < D; ++d) o[d] = acc[d] * inv;
-    }
+  scalar_detail::write_output(a, s);
 }
 
 }  // namespace kvpack::kernels

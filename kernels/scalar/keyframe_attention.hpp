@@ -173,14 +173,7 @@ void attend_keyframe(const AttendArgs& a, const HeadSegments& seg, const BlockLa
   exact(seg.pending);
   exact(seg.chunk);
 
-  for (int i = 0; i < a.n_q; ++i)
-    for (int j = 0; j < a.group; ++j) {
-      const int st = i * a.group + j;
-      const float inv = s.l[st] > 0.f ? 1.f / s.l[st] : 0.f;
-      const float* acc = s.acc.data() + static_cast<std::size_t>(st) * D;
-      float* o = a.out + i * a.out_stride + j * D;
-      for (int d = 0; d < D; ++d) o[d] = acc[d] * inv;
-    }
+  scalar_detail::write_output(a, s);
 }
 
 }  // namespace kvpack::kernels
