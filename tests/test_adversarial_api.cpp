@@ -312,6 +312,8 @@ TYPED_TEST(AdversarialApi, CreateRejectsBadShapesWithTheirReason) {
   expect_bad(s, "must all be positive");
   s = kShape, s.attn_scale = std::numeric_limits<float>::infinity();
   expect_bad(s, "attn_scale");
+  s = kShape, s.head_dim = 65536;  // would wrap to 0 in the 16-bit BlockHeader::head_dim
+  expect_bad(s, "head_dim exceeds 65535");
   // head_dim 48 is not a multiple of the group size 32: an error for every grouped codec.
   s = kShape, s.head_dim = 48;
   if constexpr ((TypeParam::key_codec::grouped && !TypeParam::keys_per_channel) || TypeParam::value_codec::grouped) {
@@ -444,6 +446,41 @@ TEST(AdversarialApiCapacity, SinkWindowWithSinksAndResidualStreams) {
   // Sinks<2> (fp32) + Residual<4> around SinkWindow<2, 8>: budget 10, every token counted.
   streams_at_max_tokens_equal_to_budget<
       KVCache<Keys<Int8<Group<8>>>, Values<Int8<Group<8>>>, Sinks<2>, Residual<4>, SinkWindow<2, 8>>>(10);
+}
+
+}  // namespace
+
+namespace {
+
+// SnapKV with max_tokens equal to the prompt: the first decode token compresses the prompt to
+// Budget + Window tokens, so it fits (it used to be refused, counted before compression); after
+// that SnapKV no longer evicts, so the cache fills up and then refuses, changing nothing.
+TEST(AdversarialApiCapacity, SnapKVDecodesAfterAPromptOfExactlyMaxTokens) {
+  using C = KVCache<Keys<Int8<Group<8>>>, Values<Int8<Group<8>>>, SnapKV<8, 4>>;
+  constexpr int D = 8;
+  constexpr std::int64_t kMax = 32;
+  C c = C::create({.layers = 1, .q_heads = 2, .kv_heads = 1, .head_dim = D, .max_tokens = kMax}).value();
+  ASSERT_TRUE(c.append(0, kvtest::normal(kMax * D, 1), kvtest::normal(kMax * D, 2), kvtest::iota_positions(0, kMax)));
+  std::vector<float> q = kvtest::normal(kMax * 2 * D, 3), out(q.size());
+  ASSERT_TRUE(c.attend(0, q, out));
+  std::int64_t t = kMax;
+  for (; c.held_tokens(0) < kMax; ++t) {
+    const Status s = c.append(0, kvtest::normal(D, 10 + static_cast<std::uint32_t>(t)),
+                              kvtest::normal(D, 500 + static_cast<std::uint32_t>(t)), kvtest::iota_positions(t, 1));
+    ASSERT_TRUE(s) << "token " << t << ": " << s.error().message;
+    if (t == kMax) {
+      ASSERT_EQ(c.held_tokens(0), 8 + 4 + 1) << "the first decode token compresses the prompt";
+    }
+    std::vector<float> q1 = kvtest::normal(2 * D, 900 + static_cast<std::uint32_t>(t)), o1(q1.size());
+    ASSERT_TRUE(c.attend(0, q1, o1));
+  }
+  EXPECT_EQ(t, kMax + (kMax - 12));
+  const HeadContents before = c.read_back(0, 0).value();
+  const Status s = c.append(0, kvtest::normal(D, 7), kvtest::normal(D, 8), kvtest::iota_positions(t, 1));
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().code, Errc::capacity_exceeded);
+  EXPECT_EQ(c.read_back(0, 0).value().indices, before.indices);
+  EXPECT_EQ(c.tokens(0), t);
 }
 
 }  // namespace

@@ -168,7 +168,7 @@ class KVCache {
                 "size (a block holds whole groups of tokens)");
 
   /// Creates an empty cache for `shape`. Errors (Errc::invalid_argument): non-positive sizes,
-  /// q_heads not a multiple of kv_heads, head_dim odd or not a multiple of a per-token group size,
+  /// q_heads not a multiple of kv_heads, head_dim odd, above 65535 or not a multiple of a per-token group size,
   /// max_tokens above 2^31 - 1. With an Offload<> policy, `offload` sets the resident budget,
   /// placement and tiers; its errors (bad options, libsodium unavailable) are returned too.
   [[nodiscard]] static Result<KVCache> create(const ModelShape& shape, const offload_options& offload = {}) {
@@ -179,6 +179,7 @@ class KVCache {
       return bad("q_heads (" + std::to_string(shape.q_heads) + ") must be a multiple of kv_heads (" +
                  std::to_string(shape.kv_heads) + ")");
     if (shape.head_dim % 2 != 0) return bad("head_dim must be even");
+    if (shape.head_dim > 65535) return bad("head_dim exceeds 65535 (the 16-bit head_dim of BlockHeader)");
     if (!keys_per_channel && (key_codec::grouped || keys_keyframe) && shape.head_dim % key_codec::group_size != 0)
       return bad("head_dim " + std::to_string(shape.head_dim) + " is not a multiple of the key group size " +
                  std::to_string(key_codec::group_size));
