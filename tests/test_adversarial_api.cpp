@@ -464,7 +464,7 @@ TEST(AdversarialApiCapacity, SnapKVDecodesAfterAPromptOfExactlyMaxTokens) {
   std::vector<float> q = kvtest::normal(kMax * 2 * D, 3), out(q.size());
   ASSERT_TRUE(c.attend(0, q, out));
   std::int64_t t = kMax;
-  for (; c.held_tokens(0) < kMax; ++t) {
+  do {
     const Status s = c.append(0, kvtest::normal(D, 10 + static_cast<std::uint32_t>(t)),
                               kvtest::normal(D, 500 + static_cast<std::uint32_t>(t)), kvtest::iota_positions(t, 1));
     ASSERT_TRUE(s) << "token " << t << ": " << s.error().message;
@@ -473,7 +473,8 @@ TEST(AdversarialApiCapacity, SnapKVDecodesAfterAPromptOfExactlyMaxTokens) {
     }
     std::vector<float> q1 = kvtest::normal(2 * D, 900 + static_cast<std::uint32_t>(t)), o1(q1.size());
     ASSERT_TRUE(c.attend(0, q1, o1));
-  }
+    ++t;
+  } while (c.held_tokens(0) < kMax);
   EXPECT_EQ(t, kMax + (kMax - 12));
   const HeadContents before = c.read_back(0, 0).value();
   const Status s = c.append(0, kvtest::normal(D, 7), kvtest::normal(D, 8), kvtest::iota_positions(t, 1));
