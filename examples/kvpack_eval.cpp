@@ -535,8 +535,13 @@ int run(int argc, char** argv) {
                  "[tokens][kv_heads][head_dim], plus meta.json");
   app.add_option("--dump-layers", opt.dump_layers, "Layers written by --dump-kv")->delimiter(',');
   app.add_flag("!--no-needle", opt.needle, "Skip the needle (passkey) retrieval test");
-  app.add_option("--needle-lengths", opt.needle_lengths, "Needle prompt lengths in tokens, up to the model's context (e.g. 1024,2048,4096)")->delimiter(',');
-  app.add_option("--needle-depths", opt.needle_depths, "Needle depths in percent of the filler")->delimiter(',');
+  app.add_option("--needle-lengths", opt.needle_lengths, "Needle prompt lengths in tokens, up to the model's context (e.g. 1024,2048,4096)")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  // 0..100: make_needles slices the filler at fill * depth / 100 (outside that range: out of bounds).
+  app.add_option("--needle-depths", opt.needle_depths, "Needle depths in percent of the filler (0 to 100)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 100));
   app.add_option("--offload-budget", opt.offload.budget_fraction,
                  "Offload policies (\"X+offload\"): resident budget as a fraction of the window's quantized block bytes; "
                  "their logits are checked bit-for-bit against policy X when X is listed before them")

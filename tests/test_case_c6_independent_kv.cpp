@@ -51,16 +51,52 @@ double key_mse() {
   return mse;
 }
 
+// Each side really goes through its own codec: every stored K row is bit-identical to the key
+// codec's round trip of that row, every V row to the value codec's (a cache that used one codec
+// for both, or swapped them, fails here; the kernel-vs-ref64 check above cannot see that, since
+// its reference reads the cache's own dequantized rows).
+template <class Cache, class KeyCodec, class ValueCodec>
+void expect_each_side_uses_its_codec() {
+  auto c = Cache::create(kShape).value();
+  const auto k = outlier_keys(70, 3), v = kvtest::normal(70 * D, 4, 3.f);
+  ASSERT_TRUE(c.append(0, k, v, kvtest::iota_positions(0, 70)));
+  ASSERT_EQ(c.quantized_tokens(0), 70);
+  const auto rb = c.read_back(0, 0).value();
+  auto round_trip = [](auto codec_tag, const float* x) {
+    using Codec = decltype(codec_tag);
+    std::vector<std::byte> codes(Codec::code_bytes(D)), meta(row_meta_bytes<Codec>(D));
+    std::vector<float> y(D);
+    encode_row<Codec>(x, D, codes.data(), meta.data());
+    decode_row<Codec>(codes.data(), meta.data(), D, y.data());
+    return y;
+  };
+  bool k_lossy = false, v_lossy = false;
+  for (size_t t = 0; t < 70; ++t) {
+    const auto kq = round_trip(KeyCodec{}, k.data() + t * D), vq = round_trip(ValueCodec{}, v.data() + t * D);
+    ASSERT_EQ(std::vector<float>(rb.k.begin() + static_cast<std::ptrdiff_t>(t * D), rb.k.begin() + static_cast<std::ptrdiff_t>((t + 1) * D)), kq)
+        << "K row " << t;
+    ASSERT_EQ(std::vector<float>(rb.v.begin() + static_cast<std::ptrdiff_t>(t * D), rb.v.begin() + static_cast<std::ptrdiff_t>((t + 1) * D)), vq)
+        << "V row " << t;
+    for (int d = 0; d < D; ++d) {
+      k_lossy |= kq[static_cast<size_t>(d)] != k[t * D + static_cast<size_t>(d)];
+      v_lossy |= vq[static_cast<size_t>(d)] != v[t * D + static_cast<size_t>(d)];
+    }
+  }
+  EXPECT_TRUE(k_lossy && v_lossy) << "the input must be changed by both codecs";
+}
+
 TEST(CaseC6, Int8KeysInt4Values) {
   using Cache = KVCache<Keys<Int8<>>, Values<Int4<>>>;
   static_assert(Cache::key_bits_per_value == 8.5 && Cache::value_bits_per_value == 5.0);
   EXPECT_LE(run<Cache>().first, 1e-4);
+  expect_each_side_uses_its_codec<Cache, Int8<>, Int4<>>();
 }
 
 TEST(CaseC6, Fp8KeysInt4Values) {
   using Cache = KVCache<Keys<Fp8E4M3<>>, Values<Int4<>>>;
   static_assert(Cache::key_bits_per_value == 8.5 && Cache::value_bits_per_value == 5.0);
   EXPECT_LE(run<Cache>().first, 1e-4);
+  expect_each_side_uses_its_codec<Cache, Fp8E4M3<>, Int4<>>();
 }
 
 TEST(CaseC6, PerChannelInt4KeysBeatPerTokenOnAnOutlierChannel) {

@@ -71,6 +71,7 @@ void run_c8(int sinks, int window, int T, const std::vector<int64_t>& expected) 
   constexpr int D = 16;
   auto c = Cache::create({.layers = 1, .q_heads = 2, .kv_heads = 1, .head_dim = D, .max_tokens = 64}).value();
   std::vector<float> first_sinks;
+  size_t full_bytes = 0, full_blocks = 0;
   for (int t = 0; t < T; ++t) {
     std::vector<float> kv(D, 0.f);
     kv[0] = static_cast<float>(t);
@@ -78,8 +79,15 @@ void run_c8(int sinks, int window, int T, const std::vector<int64_t>& expected) 
     if (t == sinks + window) {
       auto rb = c.read_back(0, 0).value();
       first_sinks.assign(rb.k.begin(), rb.k.begin() + sinks * D);
+      full_bytes = c.memory_bytes();
+      full_blocks = c.blocks(0, 0).size();
     }
     EXPECT_LE(c.held_tokens(0), sinks + window) << "t=" << t;
+    // Storage stays at sinks + window rows once full: no growth of bytes or blocks over the wraps.
+    if (t > sinks + window) {
+      EXPECT_EQ(c.memory_bytes(), full_bytes) << "t=" << t;
+      EXPECT_EQ(c.blocks(0, 0).size(), full_blocks) << "t=" << t;
+    }
   }
   EXPECT_EQ(kvtest::kept_indices(c, 0, 0), expected);
   auto rb = c.read_back(0, 0).value();
@@ -140,7 +148,25 @@ TEST(CaseC8, ResetMakesNewTokensTheSinks) {
   }
   auto rb = c.read_back(0, 0).value();
   ASSERT_EQ(rb.indices, range(0, 5));
+  ASSERT_EQ(rb.positions, (std::vector<int32_t>{0, 1, 2, 3, 4}));
+  for (int t = 0; t < 5; ++t) {
+    EXPECT_NEAR(rb.v[static_cast<size_t>(t) * D], 1000.f + static_cast<float>(t), 0.1f);
+    EXPECT_NEAR(rb.k[static_cast<size_t>(t) * D], 1000.f + static_cast<float>(t), 1000.f / 127.f) << "int8 key step";
+  }
+  // Attention with q = e0 reads exactly those rows (not zeros, not the tokens before reset).
+  std::vector<float> q(D, 0.f);
+  q[0] = 1.f;
+  EXPECT_LE(kvtest::evicting_attend_error(c, 0, q), 1e-5);
+  // And the ring wraps again around the new sinks.
+  for (int t = 5; t < 100; ++t) {
+    std::vector<float> kv(D, 0.f);
+    kv[0] = 1000.f + static_cast<float>(t);
+    ASSERT_TRUE(c.append(0, kv, kv, std::vector<int32_t>{t}));
+  }
+  EXPECT_EQ(kvtest::kept_indices(c, 0, 0), cat(range(0, 4), range(92, 100)));
+  rb = c.read_back(0, 0).value();
   for (int t = 0; t < 4; ++t) EXPECT_NEAR(rb.v[static_cast<size_t>(t) * D], 1000.f + static_cast<float>(t), 0.1f);
+  EXPECT_LE(kvtest::evicting_attend_error(c, 0, q), 1e-5);
 }
 
 TEST(SinkWindowMemory, ConstantOverAMillionTokens) {

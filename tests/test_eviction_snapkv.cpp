@@ -63,9 +63,33 @@ TEST(CaseC10, SnapKVKeepsPerKVHeadSets) {
   const auto kept = run_c10<Cache>(query_heads({0, 0, 0, 0, 1, 1, 1, 1}));
   EXPECT_EQ(kept[0], (std::vector<int64_t>{5, 14, 15}));
   EXPECT_EQ(kept[1], (std::vector<int64_t>{11, 14, 15}));
-  // The compressed cache holds 2 KV heads, not 8: each head keeps 3 tokens.
+  // The compressed cache holds 2 KV heads, not 8 (no repeat_kv expansion of the GQA group):
+  // each KV head keeps 3 rows, and those rows are that KV head's own keys, bit-exact (fp32).
   auto c = Cache::create(kShape).value();
-  EXPECT_EQ(c.shape().kv_heads, 2);
+  const auto k = c10_keys();
+  ASSERT_TRUE(c.append(0, k, kvtest::normal(k.size(), 8), kvtest::iota_positions(0, 16)));
+  std::vector<float> q, out(16 * 8 * D);
+  const auto q_row = query_heads({0, 0, 0, 0, 1, 1, 1, 1});
+  for (int t = 0; t < 16; ++t) q.insert(q.end(), q_row.begin(), q_row.end());
+  ASSERT_TRUE(c.attend(0, q, out));
+  ASSERT_TRUE(c.compress_prompt(0));
+  const std::vector<int64_t> want[2] = {{5, 14, 15}, {11, 14, 15}};
+  for (int h = 0; h < 2; ++h) {
+    EXPECT_EQ(c.held_tokens(0, h), 3);
+    const auto rb = c.read_back(0, h).value();
+    ASSERT_EQ(rb.indices, want[h]);
+    ASSERT_EQ(rb.k.size(), 3u * D);
+    for (size_t r = 0; r < 3; ++r)
+      for (int d = 0; d < D; ++d)
+        EXPECT_EQ(rb.k[r * D + static_cast<size_t>(d)],
+                  k[(static_cast<size_t>(want[h][r]) * 2 + static_cast<size_t>(h)) * D + static_cast<size_t>(d)]);
+  }
+  EXPECT_EQ(c.held_tokens(0, 2), 0) << "there is no third KV head";
+  // Bytes: at least 2 heads x 3 tokens of fp32 K, V and position (36 B), and well below the
+  // 8 x 3 x 36 B that storing one copy per query head would need.
+  const size_t row_bytes = 2 * D * sizeof(float) + sizeof(int32_t);
+  EXPECT_GE(c.memory_bytes(), 2 * 3 * row_bytes);
+  EXPECT_LT(c.memory_bytes(), 8 * 3 * row_bytes) << c.memory_bytes();
 }
 
 TEST(CaseC10, MeanAndMaxAggregationDifferAsDocumented) {

@@ -168,7 +168,7 @@ class KVCache {
                 "size (a block holds whole groups of tokens)");
 
   /// Creates an empty cache for `shape`. Errors (Errc::invalid_argument): non-positive sizes,
-  /// q_heads not a multiple of kv_heads, head_dim odd or not a multiple of a per-token group size,
+  /// q_heads not a multiple of kv_heads, head_dim odd, above 65535 or not a multiple of a per-token group size,
   /// max_tokens above 2^31 - 1. With an Offload<> policy, `offload` sets the resident budget,
   /// placement and tiers; its errors (bad options, libsodium unavailable) are returned too.
   [[nodiscard]] static Result<KVCache> create(const ModelShape& shape, const offload_options& offload = {}) {
@@ -179,6 +179,7 @@ class KVCache {
       return bad("q_heads (" + std::to_string(shape.q_heads) + ") must be a multiple of kv_heads (" +
                  std::to_string(shape.kv_heads) + ")");
     if (shape.head_dim % 2 != 0) return bad("head_dim must be even");
+    if (shape.head_dim > 65535) return bad("head_dim exceeds 65535 (the 16-bit head_dim of BlockHeader)");
     if (!keys_per_channel && (key_codec::grouped || keys_keyframe) && shape.head_dim % key_codec::group_size != 0)
       return bad("head_dim " + std::to_string(shape.head_dim) + " is not a multiple of the key group size " +
                  std::to_string(key_codec::group_size));
@@ -204,7 +205,21 @@ class KVCache {
     }
   }
 
-  KVCache(KVCache&&) noexcept = default;
+  /// Moves a cache. The moved-from cache is left empty with zero layers: every call on it then
+  /// fails cleanly (layer out of range) instead of reading storage that moved away.
+  KVCache(KVCache&& o) noexcept
+      : shape_(o.shape_),
+        layout_(o.layout_),
+        budget_(o.budget_),
+        layers_(std::move(o.layers_)),
+        scratch_(std::move(o.scratch_)),
+        refs_(std::move(o.refs_)),
+        mass_(std::move(o.mass_)),
+        head_mass_(std::move(o.head_mass_)),
+        off_(std::move(o.off_)) {
+    o.layers_.clear();
+    o.shape_.layers = 0;
+  }
   KVCache& operator=(KVCache&& o) noexcept {
     if (this != &o) {
       wipe();
@@ -215,7 +230,10 @@ class KVCache {
       scratch_ = std::move(o.scratch_);
       refs_ = std::move(o.refs_);
       mass_ = std::move(o.mass_);
+      head_mass_ = std::move(o.head_mass_);
       off_ = std::move(o.off_);
+      o.layers_.clear();
+      o.shape_.layers = 0;
     }
     return *this;
   }
@@ -227,8 +245,12 @@ class KVCache {
   /// k, v: [n][kv_heads][head_dim] float32, row-major (keys post-RoPE); positions: [n].
   /// Errors, with nothing written: layer out of range, wrong sizes (Errc::invalid_argument), more
   /// than max_tokens tokens (Errc::capacity_exceeded; with an eviction policy, max_tokens bounds
-  /// the tokens held, not the tokens seen), NaN/Inf in k or v (Errc::non_finite, naming layer, KV
-  /// head, token and channel). n = 0 is a no-op.
+  /// the tokens held after this append's eviction, not the tokens seen: SinkWindow<S, W> runs for
+  /// ever with max_tokens = S + W when fed one token at a time; more than 2^31 - 1 tokens seen is
+  /// Errc::capacity_exceeded too, cache indices being int32), a negative position
+  /// (Errc::invalid_argument), NaN/Inf in k or v (Errc::non_finite, naming layer, KV head, token
+  /// and channel). Positions need not increase (they are stored as given and never used to order
+  /// tokens: attention order and causality follow arrival order). n = 0 is a no-op.
   Status append(int layer, std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> positions) {
     if (layer < 0 || layer >= shape_.layers)
       return fail(Errc::invalid_argument, "append: layer " + std::to_string(layer) + " out of range [0, " +
@@ -243,10 +265,20 @@ class KVCache {
                                               std::to_string(shape_.head_dim));
     if (n == 0) return {};
     Layer& L = layers_[static_cast<std::size_t>(layer)];
-    if (held(L) + n > shape_.max_tokens)
+    if (held_after(L, n) > shape_.max_tokens)
       return fail(Errc::capacity_exceeded, "append: layer " + std::to_string(layer) + " holds " +
                                                std::to_string(held(L)) + " tokens; " + std::to_string(n) +
-                                               " more exceed max_tokens = " + std::to_string(shape_.max_tokens));
+                                               " more (up to " + std::to_string(held_after(L, n)) +
+                                               " held after eviction) exceed max_tokens = " +
+                                               std::to_string(shape_.max_tokens));
+    if (L.total + n > std::numeric_limits<std::int32_t>::max())
+      return fail(Errc::capacity_exceeded, "append: layer " + std::to_string(layer) + " has seen " +
+                                               std::to_string(L.total) + " tokens; cache indices are int32");
+    for (std::int64_t t = 0; t < n; ++t)
+      if (positions[static_cast<std::size_t>(t)] < 0)
+        return fail(Errc::invalid_argument, "append: layer " + std::to_string(layer) + ": negative position " +
+                                                std::to_string(positions[static_cast<std::size_t>(t)]) +
+                                                " at token " + std::to_string(t) + " of the chunk");
     if (Status s = check_finite(layer, L.total, k, "K"); !s) return s;
     if (Status s = check_finite(layer, L.total, v, "V"); !s) return s;
 
@@ -289,7 +321,11 @@ class KVCache {
   /// tokens(layer) - n_q + i and sees every token up to and including itself (causal prefill;
   /// n_q = 1 is decode). GQA: query head h reads KV head h / (q_heads / kv_heads).
   /// Errors (Errc::invalid_argument): layer out of range; q not a whole number of tokens;
-  /// n_q = 0 or larger than the latest append; out.size() != q.size().
+  /// n_q = 0 or larger than the latest append; out.size() != q.size(). Errc::non_finite: NaN/Inf
+  /// in q (checked first), or an output that overflowed fp32 (finite but huge q, K or V: |q.k| *
+  /// scale or the value sum beyond 3.4e38). On any error the cache is unchanged (H2O/BlockSparse
+  /// scores and SnapKV's observation window included); `out` is unspecified after a non-finite
+  /// output error and untouched after the others.
   Status attend(int layer, std::span<const float> q, std::span<float> out) {
     if (layer < 0 || layer >= shape_.layers)
       return fail(Errc::invalid_argument, "attend: layer " + std::to_string(layer) + " out of range [0, " +
@@ -305,24 +341,47 @@ class KVCache {
       return fail(Errc::invalid_argument, "attend: layer " + std::to_string(layer) + ": " + std::to_string(n_q) +
                                               " queries but the latest append held " +
                                               std::to_string(L.chunk_tokens) + " tokens");
+    for (std::size_t i = 0; i < q.size(); ++i)
+      if (!std::isfinite(q[i]))
+        return fail(Errc::non_finite, "attend: non-finite q value " + std::to_string(q[i]) + " at layer " +
+                                          std::to_string(layer) + ", query " + std::to_string(i / qrow) +
+                                          ", q head " + std::to_string((i % qrow) / static_cast<std::size_t>(shape_.head_dim)) +
+                                          ", channel " + std::to_string(i % static_cast<std::size_t>(shape_.head_dim)));
     const int group = shape_.q_heads / shape_.kv_heads;
     if constexpr (offloads) {  // prefetch the next layers, pin this layer's offloaded blocks (or fail naming one)
       if (Status s = off_.begin_attend(layer); !s) return s;
     }
+    if constexpr (is_h2o || is_block_sparse) head_mass_.resize(static_cast<std::size_t>(shape_.kv_heads));
     for (int h = 0; h < shape_.kv_heads; ++h) {
       kernels::AttendArgs a = args_for(L, h, q.data() + static_cast<std::int64_t>(h) * group * shape_.head_dim,
                                        out.data() + static_cast<std::int64_t>(h) * group * shape_.head_dim, n_q, group);
       const kernels::HeadSegments seg = segments(L, h);
       if constexpr (is_h2o || is_block_sparse) {  // both rank by the mass the kernel gathers
-        mass_.assign(static_cast<std::size_t>(ordinals(seg)), 0.f);
-        a.key_mass = mass_.data();
+        std::vector<float>& m = head_mass_[static_cast<std::size_t>(h)];
+        m.assign(static_cast<std::size_t>(ordinals(seg)), 0.f);
+        a.key_mass = m.data();
         run_kernel(a, seg);
-        credit_mass(L, h, seg);
       } else {
         run_kernel(a, seg);
       }
     }
     if constexpr (offloads) off_.end_attend();
+    // Overflow (finite inputs whose products or sums exceed fp32) must not pass silently, nor
+    // poison eviction scores: scores are credited only once every head's output is finite.
+    for (std::size_t i = 0; i < out.size(); ++i)
+      if (!std::isfinite(out[i]))
+        return fail(Errc::non_finite, "attend: layer " + std::to_string(layer) + ": attention output " +
+                                          std::to_string(out[i]) + " at query " + std::to_string(i / qrow) +
+                                          ", q head " + std::to_string((i % qrow) / static_cast<std::size_t>(shape_.head_dim)) +
+                                          " overflowed fp32 (q, K or V too large); scores not updated");
+    if constexpr (is_h2o || is_block_sparse) {
+      for (int h = 0; h < shape_.kv_heads; ++h) {
+        const kernels::HeadSegments seg = segments(L, h);
+        mass_.swap(head_mass_[static_cast<std::size_t>(h)]);
+        credit_mass(L, h, seg);
+        mass_.swap(head_mass_[static_cast<std::size_t>(h)]);
+      }
+    }
     if constexpr (is_snapkv) {
       if (!L.compressed) remember_queries(L, q, n_q);
     }
@@ -588,6 +647,28 @@ class KVCache {
       return L.sinks_held + live + static_cast<std::int64_t>(L.pend_pos.size());
     } else {
       return L.total;
+    }
+  }
+
+  // Upper bound on the tokens `layer` holds once an append of n tokens (and the eviction it
+  // triggers) is done. Without eviction, and for SnapKV/BlockSparse outside the cases below: held + n.
+  // SinkWindow/H2O evict until sinks + live + pending <= budget, or until only protected tokens are
+  // left: sinks (the first max(Sinks<N>, policy S) tokens: both name the same first tokens),
+  // pending tokens (<= residual + n after the lazy commit) and committed tokens among the Recent
+  // newest (<= Recent - pending).
+  // SnapKV: a single-token append that triggers compression leaves <= sinks + budget + residual + 1.
+  [[nodiscard]] std::int64_t held_after(const Layer& L, std::int64_t n) const noexcept {
+    const std::int64_t plain = held(L) + n;
+    if constexpr (is_sink_window || is_h2o) {
+      const std::int64_t floor = std::max<std::int64_t>(sink_tokens, EvictP::sink_tokens) +
+                                 std::max<std::int64_t>(EvictP::recent_tokens, std::int64_t{residual_tokens} + n);
+      return std::min(plain, std::max<std::int64_t>(EvictP::budget, floor));
+    } else if constexpr (is_snapkv) {
+      if (!L.compressed && n == 1 && L.total > EvictP::budget)
+        return std::min(plain, std::int64_t{sink_tokens} + EvictP::budget + residual_tokens + 1);
+      return plain;
+    } else {
+      return plain;
     }
   }
 
@@ -1069,6 +1150,7 @@ class KVCache {
   kernels::Scratch scratch_;
   std::vector<kernels::BlockRef> refs_;
   std::vector<float> mass_;
+  std::vector<std::vector<float>> head_mass_;  // H2O/BlockSparse: each KV head's mass of the current attend
   typename OffloadP::state off_;  // offload store and attend-time handles (empty without Offload<>)
 };
 

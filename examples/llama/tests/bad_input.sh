@@ -29,6 +29,9 @@ expect "garbage model" "cannot (read|load) model" --model "$tmp/random.gguf" --n
 expect "unknown policy" "unknown policy 'int3'" --policies fp32,int3 --model "$tmp/nope.gguf"
 expect "missing text" "text.*(not exist|cannot read)" --text "$tmp/none.txt"
 expect "text is a directory" "text" --text "$tmp"
+expect "needle depth above 100 %" "needle-depths.*not in range" --needle-depths 10,150 --model "$tmp/nope.gguf"
+expect "negative needle depth" "needle-depths.*not in range" --needle-depths=-5 --model "$tmp/nope.gguf"
+expect "needle length 0" "needle-lengths.*not in range" --needle-lengths 0 --model "$tmp/nope.gguf"
 if [ -n "$model" ] && [ -f "$model" ]; then
   head -c 5000000 "$model" >"$tmp/cut.gguf"
   expect "model cut short" "cannot (read|load) model" --model "$tmp/cut.gguf" --no-needle
