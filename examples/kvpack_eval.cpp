@@ -72,6 +72,7 @@ struct Options {
   std::vector<std::string> profile_candidates{"fp16", "int8", "k8v4", "kivi4", "int4-g32", "int4-g64"};
   std::vector<std::string> plan_budgets{"int4-g32", "int8"};
   std::string replan_from = "fp16";
+  std::vector<std::string> plan_uniform;  // --plan: extra uniform registry policies scored alongside the plans
   bool profile_merge = false;
   bool fallback = false;
   double fallback_k = 3.0;
@@ -563,6 +564,10 @@ int run(int argc, char** argv) {
                  "Evaluate per-layer plans from this --profile JSON at the budgets of --plan-budgets, plus a run whose "
                  "budget halves mid-sequence");
   app.add_option("--plan-budgets", opt.plan_budgets, "Budgets named by the uniform policy whose bytes they equal")
+      ->delimiter(',');
+  app.add_option("--plan-uniform", opt.plan_uniform,
+                 "--plan: also score these uniform registry policies on the same windows (baselines with no plan of "
+                 "their own, e.g. kivi8 at int8's bytes)")
       ->delimiter(',');
   app.add_option("--replan-from", opt.replan_from, "Uniform policy whose bytes are the budget before it halves (none: no halving run)");
   app.add_flag("--fallback", opt.fallback,

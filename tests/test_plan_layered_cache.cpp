@@ -288,4 +288,80 @@ TEST(LayeredCache, StandardSet) {
   EXPECT_EQ(plan::standard_candidate_names[4], "kivi4");
 }
 
+// The candidates added for the INT8 budget (kivi8, k16v8, k8v16, kc4v8) run in a
+// StandardLayeredCache bit-identically to uniform caches of their types, and their bytes are what
+// the planner must be charged: kivi8 holds int8's bytes once its per-channel key groups close, and
+// its open group (up to 31 tokens) in fp32 until then; k16v8 and k8v16 lie between int8 and fp16.
+TEST(LayeredCache, StandardSetInt8BudgetCandidates) {
+  ModelShape s = shape();
+  s.head_dim = 64;
+  s.layers = 4;
+  const std::vector<int> choice{8, 9, 10, 11};
+  ASSERT_EQ(plan::standard_candidate_names[8], "kivi8");
+  ASSERT_EQ(plan::standard_candidate_names[9], "k16v8");
+  ASSERT_EQ(plan::standard_candidate_names[10], "k8v16");
+  ASSERT_EQ(plan::standard_candidate_names[11], "kc4v8");
+  auto lc = plan::StandardLayeredCache::create(s, choice);
+  ASSERT_TRUE(lc) << lc.error().message;
+  auto u8 = plan::Kivi8Cache::create(s);
+  auto u9 = plan::K16V8Cache::create(s);
+  auto u10 = plan::K8V16Cache::create(s);
+  auto u11 = plan::Kc4V8Cache::create(s);
+  ASSERT_TRUE(u8 && u9 && u10 && u11);
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const size_t kv_row = size_t(kKV) * 64, q_row = size_t(kQ) * 64;
+  int32_t p = 0;
+  for (int n : {31, 33, 1, 95, 1}) {
+    for (int l = 0; l < s.layers; ++l) {
+      std::vector<float> k(size_t(n) * kv_row), v(k.size()), q(size_t(n) * q_row), a(q.size()), b(q.size());
+      for (auto& x : k) x = nd(rng);
+      for (size_t i = 0; i < k.size(); ++i) k[i] += (i % 64 == 5) ? 8.f : 0.f;  // an outlier channel
+      for (auto& x : v) x = nd(rng);
+      for (auto& x : q) x = nd(rng);
+      std::vector<int32_t> pos(static_cast<size_t>(n));
+      for (int t = 0; t < n; ++t) pos[size_t(t)] = p + t;
+      ASSERT_TRUE(lc->append(l, k, v, pos));
+      ASSERT_TRUE(lc->attend(l, q, a));
+      auto run = [&](auto& u) {
+        ASSERT_TRUE(u.append(l, k, v, pos));
+        ASSERT_TRUE(u.attend(l, q, b));
+        EXPECT_EQ(lc->memory_bytes(l), u.memory_bytes()) << "layer " << l;  // u holds only layer l
+      };
+      if (l == 0) run(*u8);
+      if (l == 1) run(*u9);
+      if (l == 2) run(*u10);
+      if (l == 3) run(*u11);
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "layer " << l << " n " << n;
+    }
+    p += n;
+  }
+  // Bytes of one layer after t tokens (same data for every candidate).
+  auto bytes_at = [&](int cand, int t) {
+    ModelShape one = s;
+    one.layers = 1;
+    auto c = plan::StandardLayeredCache::create(one, std::vector<int>{cand});
+    EXPECT_TRUE(c);
+    std::vector<float> k(size_t(t) * kv_row), v(k.size());
+    for (auto& x : k) x = nd(rng);
+    for (auto& x : v) x = nd(rng);
+    std::vector<int32_t> pos(static_cast<size_t>(t));
+    for (int i = 0; i < t; ++i) pos[size_t(i)] = i;
+    EXPECT_TRUE(c->append(0, k, v, pos));
+    return c->memory_bytes();
+  };
+  const size_t fp32_row = kv_row * 2 * sizeof(float) + sizeof(int32_t);  // K + V in fp32 + position
+  for (int t : {64, 128, 256}) {
+    EXPECT_EQ(bytes_at(8, t), bytes_at(2, t)) << t;  // kivi8 == int8 once the key groups close
+    EXPECT_GT(bytes_at(9, t), bytes_at(2, t));
+    EXPECT_LT(bytes_at(9, t), bytes_at(1, t));
+    EXPECT_EQ(bytes_at(9, t), bytes_at(10, t));  // fp16 K + int8 V == int8 K + fp16 V
+    EXPECT_LT(bytes_at(11, t), bytes_at(2, t));
+  }
+  for (int open : {1, 17, 31}) {
+    EXPECT_EQ(bytes_at(8, 64 + open), bytes_at(8, 64) + size_t(open) * fp32_row) << open;  // open group in fp32
+    EXPECT_EQ(bytes_at(11, 64 + open), bytes_at(11, 64) + size_t(open) * fp32_row) << open;
+  }
+}
+
 }  // namespace

@@ -48,6 +48,9 @@ using Registry = PolicyList<
     Policy<"int4-g64", KVCache<Keys<Int4<Group<64>>>, Values<Int4<Group<64>>>>>,
     Policy<"k8v4", KVCache<Keys<Int8<Group<32>>>, Values<Int4<Group<32>>>>>,
     Policy<"kivi4", KVCache<Keys<Int4<Group<32>>, PerChannel>, Values<Int4<Group<32>>>, Residual<128>>>,
+    // INT8 with per-channel keys (KIVI at 8 bits, no residual; int8's bytes at multiples of 32 tokens),
+    // a baseline for the planner at the INT8 budget (examples/RESULTS-planner.md; not default).
+    Policy<"kivi8", KVCache<Keys<Int8<Group<32>>, PerChannel>, Values<Int8<Group<32>>>>, false>,
     Policy<"fp8-e4m3", KVCache<Keys<Fp8E4M3<Group<32>>>, Values<Fp8E4M3<Group<32>>>>>,
     // Eviction at a 1024-token budget (not default: they only act on contexts above 1024).
     Policy<"int4-g32+sink-window-1k", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SinkWindow<4, 1020>>, false>,
