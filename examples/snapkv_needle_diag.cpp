@@ -341,6 +341,10 @@ int main(int argc, char** argv) {
   add({.name = "k7 pyramidkv b20", .kernel = 7, .alloc = Variant::pyramid});
   add({.name = "k7 total 512 (12.5 %)", .kernel = 7, .total = 512});
   add({.name = "k5 total 512 (12.5 %)", .total = 512});
+  // Third round: smaller budgets with the wider kernel.
+  add({.name = "k9 total 512 (12.5 %)", .kernel = 9, .total = 512});
+  add({.name = "k9 total 256 (6.25 %)", .kernel = 9, .total = 256});
+  add({.name = "k11 total 512 (12.5 %)", .kernel = 11, .total = 512});
   if (!only.empty()) {
     std::vector<Variant> keep;
     std::stringstream os(only);
