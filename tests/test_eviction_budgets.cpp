@@ -213,6 +213,9 @@ TEST(SnapKVBudget, NeverBelowTheWindowAndNoCompressionWhenThePromptFits) {
   // Fraction<1, 4> of 100 is 25, below the 32-token window: the window (and so max(25, 32)) is kept.
   auto c = snap_run<KVCache<SnapKVBudget<Fraction<1, 4>>>>(100, true);
   EXPECT_EQ(c.held_tokens(0, 0), 32);
+  EXPECT_EQ(c.eviction_budget(), 32);
+  c.reset();
+  EXPECT_EQ(c.eviction_budget(), 0) << "reset forgets the resolved fraction";
   // A prompt shorter than the window: nothing to evict, the first decode step does not compress.
   auto d = snap_run<KVCache<SnapKVBudget<Fraction<1, 2>, 32>>>(20, false, 2);
   EXPECT_EQ(d.held_tokens(0, 0), 22);

@@ -363,9 +363,11 @@ class KVCache {
     return {};
   }
 
-  /// Empties the cache; every byte it releases is zeroed first. Capacity and shape are kept.
+  /// Empties the cache; every byte it releases is zeroed first. Capacity and shape are kept
+  /// (SnapKVBudget<Fraction<>>: eviction_budget() returns to 0 until the next compression).
   void reset() {
     if constexpr (offloads) off_.reset();
+    if constexpr (is_snapkv) budget_ = EvictP::fixed_budget;  // a Fraction is resolved again at the next compression
     wipe();
     layers_.clear();
     layers_.resize(static_cast<std::size_t>(shape_.layers));
