@@ -244,7 +244,7 @@ class Evaluator {
   kvpack::Status score(PolicyStats& st, const Window& w, bool baseline, bool first_window, Progress& prog,
                        KvDump* dump) {
     const auto n = static_cast<int64_t>(w.tokens.size());
-    auto cache = make_cache<Cache>(m_.cache_shape(n + opt_.decode_tokens), n, &st.offload);
+    auto cache = make_cache<Cache>(m_.cache_shape(capacity<Cache>(n, n + opt_.decode_tokens)), n, &st.offload);
     if (!cache) return cache.error();
     kvpack::Status hook_status;
     const int64_t rows = n - 1 - w.first_row;
@@ -348,12 +348,13 @@ class Evaluator {
 
   /// Runs one needle case (prompt + answer) with `Cache`: log-probability of the answer tokens
   /// and whether greedy decoding reproduces them exactly (every answer token is the argmax).
+  /// `context`: the case's declared length (--needle-lengths), see capacity().
   template <class Cache>
   kvpack::Result<NeedleResult> needle(const std::vector<int32_t>& prompt, const std::vector<int32_t>& answer,
-                                      Progress& prog, const std::string& label) const {
+                                      int64_t context, Progress& prog, const std::string& label) const {
     std::vector<int32_t> seq = prompt;
     seq.insert(seq.end(), answer.begin(), answer.end() - 1);
-    auto cache = Cache::create(m_.cache_shape(static_cast<int64_t>(seq.size())));
+    auto cache = Cache::create(m_.cache_shape(capacity<Cache>(context, static_cast<int64_t>(seq.size()))));
     if (!cache) return cache.error();
     NeedleResult r;
     r.exact = true;
@@ -423,6 +424,24 @@ class Evaluator {
   std::function<void(PlanCache&, const RowMat&)> row_hook;
   /// Sees the K/V every layer appends in score<PlanCache> (quantization-error sampling).
   kl::KvTap kv_tap;
+
+  /// ModelShape::max_tokens for a `Cache` that will see `appended` tokens of a run whose context
+  /// is `context` tokens (--ctx for WikiText windows, the needle length for a needle case). Caches
+  /// that evict as they go (SinkWindow, H2O, BlockSparse; not SnapKV, which grows back after its
+  /// one compression) get `context`: their Fraction<> budgets resolve against max_tokens, so
+  /// "50 %" means half of the context, not of context + decode tokens; they never hold more than
+  /// budget + one chunk. If that budget leaves no room for a chunk under `context` (e.g. a Tokens<N>
+  /// budget above a short --ctx), or the cache cannot be created so, they get `appended`, as
+  /// every other cache does.
+  template <class Cache>
+  [[nodiscard]] int64_t capacity(int64_t context, int64_t appended) const {
+    if constexpr (requires { requires Cache::evicts && !Cache::is_snapkv; }) {
+      if (auto c = Cache::create(m_.cache_shape(context)); c && c->eviction_budget() + opt_.chunk <= context)
+        return context;
+    }
+    (void)context;
+    return appended;
+  }
 
   template <class Cache>
   kvpack::Result<Cache> make_cache(const kvpack::ModelShape& s, int64_t tokens = 0,
@@ -770,7 +789,7 @@ int run(int argc, char** argv) {
     const NeedleCase& c = needles[size_t(j) / names.size()];
     const std::string& name = names[size_t(j) % names.size()];
     auto r = dispatch<kvpack::Result<NeedleResult>>(name, [&]<class Cache>() {
-      return ev.needle<Cache>(c.prompt, c.answer, prog, name + " needle " + std::to_string(c.length) + "@" +
+      return ev.needle<Cache>(c.prompt, c.answer, c.length, prog, name + " needle " + std::to_string(c.length) + "@" +
                                                             std::to_string(c.depth) + "%");
     });
     if (!r) {

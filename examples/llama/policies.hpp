@@ -66,24 +66,29 @@ using Registry = PolicyList<
     Policy<"kf64-chained", KVCache<Keys<Keyframe<64, Int4<Group<32>>, Fp16, Chained>>, Values<Keyframe<64, Int4<Group<32>>, Fp16, Chained>>>, false>,
     // Control for kf64-*: KIVI keys without kivi4's 128-token fp32 residual (incomplete key group in fp32).
     Policy<"kivi4-r0", KVCache<Keys<Int4<Group<32>>, PerChannel>, Values<Int4<Group<32>>>>, false>,
-    // Eviction at 50 % / 25 % of a 4096-token context (2048 / 1024 tokens per layer and KV head;
-    // not default). SnapKV: Budget + 32-token observation window; BlockSparse: 64-token blocks.
-    Policy<"sink-window-50", KVCache<SinkWindow<4, 2044>>, false>,
-    Policy<"sink-window-25", KVCache<SinkWindow<4, 1020>>, false>,
-    Policy<"h2o-50", KVCache<H2O<1024, 1020, 4>>, false>,
-    Policy<"h2o-25", KVCache<H2O<512, 508, 4>>, false>,
-    Policy<"snapkv-50", KVCache<SnapKV<2016>>, false>,
-    Policy<"snapkv-25", KVCache<SnapKV<992>>, false>,
-    Policy<"block-sparse-50", KVCache<BlockSparse<Tokens<2048>>>, false>,
-    Policy<"block-sparse-25", KVCache<BlockSparse<Tokens<1024>>>, false>,
-    Policy<"int4-g32+sink-window-50", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SinkWindow<4, 2044>>, false>,
-    Policy<"int4-g32+sink-window-25", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SinkWindow<4, 1020>>, false>,
-    Policy<"int4-g32+h2o-50", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, H2O<1024, 1020, 4>>, false>,
-    Policy<"int4-g32+h2o-25", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, H2O<512, 508, 4>>, false>,
-    Policy<"int4-g32+snapkv-50", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SnapKV<2016>>, false>,
-    Policy<"int4-g32+snapkv-25", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SnapKV<992>>, false>,
-    Policy<"int4-g32+block-sparse-50", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, BlockSparse<Tokens<2048>>>, false>,
-    Policy<"int4-g32+block-sparse-25", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, BlockSparse<Tokens<1024>>>, false>,
+    // Eviction at 50 % / 25 % of the context (not default). SinkWindow, H2O and BlockSparse resolve
+    // their Fraction<> against ModelShape::max_tokens, which kvpack-eval sets to the context (--ctx,
+    // or the needle length: see eval_capacity in kvpack_eval.cpp); at 4096 they hold 2048 / 1024
+    // tokens per layer and KV head, exactly SinkWindow<4, 2044 / 1020>, H2O<1024, 1020, 4 /
+    // 512, 508, 4> and BlockSparse<Tokens<2048 / 1024>>. SnapKV's fraction is of the prompt at
+    // compression, window included: 1024 / 512 of WikiText's 2048-token context, 2048 / 1024 of
+    // a 4096-token needle prompt (2045 / 1022 of its 4090 tokens). BlockSparse: 64-token blocks.
+    Policy<"sink-window-50", KVCache<SinkWindowBudget<Fraction<1, 2>>>, false>,
+    Policy<"sink-window-25", KVCache<SinkWindowBudget<Fraction<1, 4>>>, false>,
+    Policy<"h2o-50", KVCache<H2OBudget<Fraction<1, 2>>>, false>,
+    Policy<"h2o-25", KVCache<H2OBudget<Fraction<1, 4>>>, false>,
+    Policy<"snapkv-50", KVCache<SnapKVBudget<Fraction<1, 2>>>, false>,
+    Policy<"snapkv-25", KVCache<SnapKVBudget<Fraction<1, 4>>>, false>,
+    Policy<"block-sparse-50", KVCache<BlockSparse<Fraction<1, 2>>>, false>,
+    Policy<"block-sparse-25", KVCache<BlockSparse<Fraction<1, 4>>>, false>,
+    Policy<"int4-g32+sink-window-50", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SinkWindowBudget<Fraction<1, 2>>>, false>,
+    Policy<"int4-g32+sink-window-25", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SinkWindowBudget<Fraction<1, 4>>>, false>,
+    Policy<"int4-g32+h2o-50", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, H2OBudget<Fraction<1, 2>>>, false>,
+    Policy<"int4-g32+h2o-25", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, H2OBudget<Fraction<1, 4>>>, false>,
+    Policy<"int4-g32+snapkv-50", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SnapKVBudget<Fraction<1, 2>>>, false>,
+    Policy<"int4-g32+snapkv-25", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SnapKVBudget<Fraction<1, 4>>>, false>,
+    Policy<"int4-g32+block-sparse-50", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, BlockSparse<Fraction<1, 2>>>, false>,
+    Policy<"int4-g32+block-sparse-25", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, BlockSparse<Fraction<1, 4>>>, false>,
 #if defined(KVPACK_HAS_SODIUM)
     // int4-g32 with full blocks offloaded to an encrypted file tier under a resident budget
     // (--offload-budget, default 25 %), prefetching 2 layers ahead; logits must equal int4-g32's.

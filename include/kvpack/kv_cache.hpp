@@ -195,6 +195,13 @@ class KVCache {
                    std::to_string(shape.max_tokens) + ") is below the " + std::to_string(EvictP::protected_tokens) +
                    " tokens of its sink, recent and open blocks");
     }
+    if constexpr (is_sink_window || is_h2o) {  // budget-typed forms resolve here (the int forms always pass)
+      const std::int64_t b = EvictP::resolve_budget(shape.max_tokens);
+      if (b < EvictP::min_budget)
+        return bad("eviction budget of " + std::to_string(b) + " tokens (from max_tokens " +
+                   std::to_string(shape.max_tokens) + ") is below the " + std::to_string(EvictP::min_budget) +
+                   " tokens its sinks and a one-token recent window need");
+    }
     if constexpr (offloads) {
       KVCache c(shape);
       if (Status s = c.off_.init(c, offload); !s) return s.error();
@@ -226,6 +233,7 @@ class KVCache {
       shape_ = o.shape_;
       layout_ = o.layout_;
       budget_ = o.budget_;
+      recent_ = o.recent_;
       layers_ = std::move(o.layers_);
       scratch_ = std::move(o.scratch_);
       refs_ = std::move(o.refs_);
@@ -286,7 +294,7 @@ class KVCache {
       // Eviction caches commit lazily: the previous append's tokens are committed (and may be
       // evicted) now, so blocks only ever hold tokens older than the current chunk.
       if constexpr (is_snapkv) {
-        if (!L.compressed && n == 1 && L.total > EvictP::budget) compress_layer(L);
+        if (!L.compressed && n == 1 && L.total > EvictP::held_after_compression(L.total)) compress_layer(L);
       }
       commit(L);
     }
@@ -414,9 +422,11 @@ class KVCache {
     return {};
   }
 
-  /// Empties the cache; every byte it releases is zeroed first. Capacity and shape are kept.
+  /// Empties the cache; every byte it releases is zeroed first. Capacity and shape are kept
+  /// (SnapKVBudget<Fraction<>>: eviction_budget() returns to 0 until the next compression).
   void reset() {
     if constexpr (offloads) off_.reset();
+    if constexpr (is_snapkv) budget_ = EvictP::fixed_budget;  // a Fraction is resolved again at the next compression
     wipe();
     layers_.clear();
     layers_.resize(static_cast<std::size_t>(shape_.layers));
@@ -521,7 +531,9 @@ class KVCache {
   }
 
   /// Eviction budget in tokens per (layer, KV head), resolved at create() (Fraction<> budgets
-  /// against ModelShape::max_tokens); 0 without eviction. SnapKV: Budget + Window.
+  /// against ModelShape::max_tokens); 0 without eviction. SnapKV<Budget, Window>: Budget + Window;
+  /// SnapKVBudget<Tokens<N>>: N; SnapKVBudget<Fraction<>>: 0 until a layer is compressed, then
+  /// the tokens per KV head the latest compression kept room for (a fraction of that prompt).
   [[nodiscard]] std::int64_t eviction_budget() const noexcept { return budget_; }
 
   /// Decodes everything (layer, kv_head) holds as attention reads it (except that attention reads
@@ -631,8 +643,14 @@ class KVCache {
 
   explicit KVCache(const ModelShape& shape)
       : shape_(shape), layout_(make_block_layout<key_codec, value_codec, keys_per_channel>(block_tokens, shape.head_dim)) {
-    if constexpr (is_block_sparse) budget_ = EvictP::budget_type::resolve(shape.max_tokens);
-    else if constexpr (evicts) budget_ = EvictP::budget;
+    if constexpr (is_block_sparse) {
+      budget_ = EvictP::budget_type::resolve(shape.max_tokens);
+    } else if constexpr (is_snapkv) {
+      budget_ = EvictP::fixed_budget;
+    } else if constexpr (is_sink_window || is_h2o) {
+      budget_ = EvictP::resolve_budget(shape.max_tokens);
+      recent_ = EvictP::recent_for(budget_);
+    }
     reset();
   }
 
@@ -932,8 +950,8 @@ class KVCache {
   // sinks, recent and pending tokens are left).
   void enforce_budget(Layer& L, Head& H, std::int64_t pend) {
     if constexpr (is_sink_window || is_h2o) {
-      const std::int64_t recent_from = L.total - EvictP::recent_tokens;  // tokens at or after: recent
-      while (L.sinks_held + H.live + pend > EvictP::budget) {
+      const std::int64_t recent_from = L.total - recent_;  // tokens at or after: recent
+      while (L.sinks_held + H.live + pend > budget_) {
         std::int64_t victim = -1;
         if constexpr (is_sink_window) {
           while (!H.fifo.empty() && H.slot_token[static_cast<std::size_t>(H.fifo.front())] < 0) H.fifo.pop_front();
@@ -1057,6 +1075,9 @@ class KVCache {
         for (float& x : L.heads[static_cast<std::size_t>(h)].pend_score) x = 0.f;
         credit_mass(L, h, seg);
       }
+      // Tokens per KV head kept: the window plus the top (kept - window); L.total is the prompt.
+      const std::int64_t kept_total = EvictP::held_after_compression(L.total);
+      budget_ = kept_total;
       L.compressed = true;  // set first: commit() then no longer holds the window back
       commit(L);  // the prompt's pending tokens take slots (carrying their scores) before selection
       const std::int64_t window_from = L.total - EvictP::window;
@@ -1068,7 +1089,7 @@ class KVCache {
         std::sort(cand.begin(), cand.end());
         std::vector<float> raw(cand.size());
         for (std::size_t i = 0; i < cand.size(); ++i) raw[i] = H.slot_score[static_cast<std::size_t>(cand[i].second)];
-        const auto keep = ::kvpack::eviction::snapkv_select(raw, EvictP::kernel, EvictP::budget - EvictP::window);
+        const auto keep = ::kvpack::eviction::snapkv_select(raw, EvictP::kernel, kept_total - EvictP::window);
         std::vector<char> kept(cand.size(), 0);
         for (std::int64_t i : keep) kept[static_cast<std::size_t>(i)] = 1;
         for (std::size_t i = 0; i < cand.size(); ++i)
@@ -1146,6 +1167,7 @@ class KVCache {
   ModelShape shape_;
   BlockLayout layout_;
   std::int64_t budget_ = 0;  // eviction budget in tokens per (layer, KV head); 0 without eviction
+  std::int64_t recent_ = 0;  // SinkWindow / H2O: recent tokens never evicted (resolved with budget_)
   std::vector<Layer> layers_;
   kernels::Scratch scratch_;
   std::vector<kernels::BlockRef> refs_;
