@@ -245,3 +245,32 @@ TEST(SnapKVBudget, EqualsTheIntegerForm) {
 }
 
 }  // namespace
+
+namespace {
+
+// max_tokens bounds the tokens held after eviction, not the tokens seen (KVCache::append): a
+// Fraction<1, 1> budget equals max_tokens and must keep streaming for ever, one token at a time;
+// a SnapKV fraction whose prompt fills max_tokens must still accept the compressing decode step.
+TEST(EvictionBudgets, FullFractionOfMaxTokensKeepsStreaming) {
+  expect_holds_budget<KVCache<SinkWindowBudget<Fraction<1, 1>>>>(40, 40);
+  expect_holds_budget<KVCache<H2OBudget<Fraction<1, 1>>>>(41, 41);
+  expect_holds_budget<KVCache<Keys<Int4<Group<16>>>, Values<Int4<Group<16>>>, SinkWindowBudget<Fraction<1, 1>, 2>>>(33, 33);
+}
+
+TEST(SnapKVBudget, FractionPromptFillingMaxTokensStillDecodes) {
+  constexpr std::int64_t P = 95;
+  auto c = KVCache<SnapKVBudget<Fraction<1, 2>, 8>>::create(shape(P, 4, 2)).value();
+  stream(c, P, 33, 5, [](std::int64_t) {});  // the prompt fills max_tokens exactly
+  const auto& S = c.shape();
+  const std::size_t row = static_cast<std::size_t>(S.kv_heads) * D, qrow = static_cast<std::size_t>(S.q_heads) * D;
+  for (std::int64_t t = 0; t < 5; ++t) {  // decode: the first step compresses to floor(95 / 2) = 47
+    ASSERT_TRUE(c.append(0, kvtest::normal(row, 900 + 3 * static_cast<std::uint32_t>(t)),
+                         kvtest::normal(row, 901 + 3 * static_cast<std::uint32_t>(t)), kvtest::iota_positions(P + t, 1)))
+        << "decode step " << t;
+    std::vector<float> out(qrow);
+    ASSERT_TRUE(c.attend(0, kvtest::normal(qrow, 902 + 3 * static_cast<std::uint32_t>(t)), out));
+    for (int h = 0; h < 2; ++h) EXPECT_EQ(c.held_tokens(0, h), 47 + t + 1) << "decode step " << t;
+  }
+}
+
+}  // namespace

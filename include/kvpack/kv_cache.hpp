@@ -218,6 +218,7 @@ class KVCache {
       : shape_(o.shape_),
         layout_(o.layout_),
         budget_(o.budget_),
+        recent_(o.recent_),
         layers_(std::move(o.layers_)),
         scratch_(std::move(o.scratch_)),
         refs_(std::move(o.refs_)),
@@ -674,16 +675,18 @@ class KVCache {
   // left: sinks (the first max(Sinks<N>, policy S) tokens: both name the same first tokens),
   // pending tokens (<= residual + n after the lazy commit) and committed tokens among the Recent
   // newest (<= Recent - pending).
-  // SnapKV: a single-token append that triggers compression leaves <= sinks + budget + residual + 1.
+  // SnapKV: a single-token append that triggers compression leaves <= sinks + kept + residual + 1,
+  // kept = the tokens per KV head the compression keeps (window included).
   [[nodiscard]] std::int64_t held_after(const Layer& L, std::int64_t n) const noexcept {
     const std::int64_t plain = held(L) + n;
     if constexpr (is_sink_window || is_h2o) {
       const std::int64_t floor = std::max<std::int64_t>(sink_tokens, EvictP::sink_tokens) +
-                                 std::max<std::int64_t>(EvictP::recent_tokens, std::int64_t{residual_tokens} + n);
-      return std::min(plain, std::max<std::int64_t>(EvictP::budget, floor));
+                                 std::max<std::int64_t>(recent_, std::int64_t{residual_tokens} + n);
+      return std::min(plain, std::max<std::int64_t>(budget_, floor));
     } else if constexpr (is_snapkv) {
-      if (!L.compressed && n == 1 && L.total > EvictP::budget)
-        return std::min(plain, std::int64_t{sink_tokens} + EvictP::budget + residual_tokens + 1);
+      const std::int64_t kept = EvictP::held_after_compression(L.total);  // Budget + Window, or a fraction of the prompt
+      if (!L.compressed && n == 1 && L.total > kept)
+        return std::min(plain, std::int64_t{sink_tokens} + kept + residual_tokens + 1);
       return plain;
     } else {
       return plain;
