@@ -98,11 +98,13 @@ using Registry = PolicyList<
     // SnapKV at 25 % with a max-pooling kernel of 7 or 9 instead of 5 (examples/RESULTS-snapkv-needle.md):
     // SmolLM2 spells a 5-digit pass key as 6 tokens; the question's queries attend to the key's
     // start, and kernel 5 (+-2 tokens) keeps its later digits in too few heads (4th digit lost at
-    // every depth). Kernel 9: needle 3/3 at 25 %, ΔPPL not worse. Listed after the other policies
-    // to keep merges with the eviction-budget registrations apart.
-    Policy<"snapkv-25-k7", KVCache<SnapKV<992, 32, 7>>, false>,
-    Policy<"snapkv-25-k9", KVCache<SnapKV<992, 32, 9>>, false>,
-    Policy<"int4-g32+snapkv-25-k9", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SnapKV<992, 32, 9>>, false>,
+    // every depth). Kernel 9: needle 3/3 at 25 %, ΔPPL not worse. The -k9 budgets are the same
+    // fractions of the prompt as snapkv-50 / snapkv-25 (window included).
+    Policy<"snapkv-25-k7", KVCache<SnapKVBudget<Fraction<1, 4>, 32, 7>>, false>,
+    Policy<"snapkv-50-k9", KVCache<SnapKVBudget<Fraction<1, 2>, 32, 9>>, false>,
+    Policy<"snapkv-25-k9", KVCache<SnapKVBudget<Fraction<1, 4>, 32, 9>>, false>,
+    Policy<"int4-g32+snapkv-50-k9", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SnapKVBudget<Fraction<1, 2>, 32, 9>>, false>,
+    Policy<"int4-g32+snapkv-25-k9", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SnapKVBudget<Fraction<1, 4>, 32, 9>>, false>,
     // Not run by default: the engine's own cache without kvpack, and a destructive cache (every V
     // stored as zero) that proves the cache is in the path of every scored token.
     Policy<"reference", ReferenceCache, false>,
