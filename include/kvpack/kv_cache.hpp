@@ -295,7 +295,7 @@ class KVCache {
       // Eviction caches commit lazily: the previous append's tokens are committed (and may be
       // evicted) now, so blocks only ever hold tokens older than the current chunk.
       if constexpr (is_snapkv) {
-        if (!L.compressed && n == 1 && L.total > EvictP::held_after_compression(L.total)) compress_layer(L);
+        if (compresses_on(L, n)) compress_layer(L);
       }
       commit(L);
     }
@@ -384,12 +384,7 @@ class KVCache {
                                           ", q head " + std::to_string((i % qrow) / static_cast<std::size_t>(shape_.head_dim)) +
                                           " overflowed fp32 (q, K or V too large); scores not updated");
     if constexpr (is_h2o || is_block_sparse) {
-      for (int h = 0; h < shape_.kv_heads; ++h) {
-        const kernels::HeadSegments seg = segments(L, h);
-        mass_.swap(head_mass_[static_cast<std::size_t>(h)]);
-        credit_mass(L, h, seg);
-        mass_.swap(head_mass_[static_cast<std::size_t>(h)]);
-      }
+      for (int h = 0; h < shape_.kv_heads; ++h) credit_mass(L, h, segments(L, h), head_mass_[static_cast<std::size_t>(h)]);
     }
     if constexpr (is_snapkv) {
       if (!L.compressed) remember_queries(L, q, n_q);
@@ -677,6 +672,12 @@ class KVCache {
   // newest (<= Recent - pending).
   // SnapKV: a single-token append that triggers compression leaves <= sinks + kept + residual + 1,
   // kept = the tokens per KV head the compression keeps (window included).
+  // SnapKV: whether appending n tokens to L compresses its prompt first (the first single-token
+  // append after a prompt longer than what compression keeps).
+  [[nodiscard]] static bool compresses_on(const Layer& L, std::int64_t n) noexcept {
+    return !L.compressed && n == 1 && L.total > EvictP::held_after_compression(L.total);
+  }
+
   [[nodiscard]] std::int64_t held_after(const Layer& L, std::int64_t n) const noexcept {
     const std::int64_t plain = held(L) + n;
     if constexpr (is_sink_window || is_h2o) {
@@ -684,9 +685,8 @@ class KVCache {
                                  std::max<std::int64_t>(recent_, std::int64_t{residual_tokens} + n);
       return std::min(plain, std::max<std::int64_t>(budget_, floor));
     } else if constexpr (is_snapkv) {
-      const std::int64_t kept = EvictP::held_after_compression(L.total);  // Budget + Window, or a fraction of the prompt
-      if (!L.compressed && n == 1 && L.total > kept)
-        return std::min(plain, std::int64_t{sink_tokens} + kept + residual_tokens + 1);
+      if (compresses_on(L, n))  // kept: Budget + Window, or a fraction of the prompt
+        return std::min(plain, std::int64_t{sink_tokens} + EvictP::held_after_compression(L.total) + residual_tokens + 1);
       return plain;
     } else {
       return plain;
@@ -790,15 +790,15 @@ class KVCache {
       kernels::attend<backend_tag, key_codec, value_codec, keys_per_channel>(a, seg, layout_, scratch_);
   }
 
-  // Adds mass_ (ordinal layout of AttendArgs::key_mass) to slot and pending scores of head h.
-  void credit_mass(Layer& L, int h, const kernels::HeadSegments& seg) {
+  // Adds `mass` (ordinal layout of AttendArgs::key_mass) to slot and pending scores of head h.
+  void credit_mass(Layer& L, int h, const kernels::HeadSegments& seg, std::span<const float> mass) {
     Head& H = L.heads[static_cast<std::size_t>(h)];
     std::int64_t o = seg.sinks.count;
     const auto n_slots = static_cast<std::int64_t>(H.slot_score.size());
     for (std::size_t b = 0; b < seg.blocks.size(); ++b, o += block_tokens)
       for (std::int64_t t = 0; t < seg.blocks[b].count; ++t) {
         const std::int64_t slot = static_cast<std::int64_t>(b) * block_tokens + t;
-        if (slot < n_slots) H.slot_score[static_cast<std::size_t>(slot)] += mass_[static_cast<std::size_t>(o + t)];
+        if (slot < n_slots) H.slot_score[static_cast<std::size_t>(slot)] += mass[static_cast<std::size_t>(o + t)];
       }
     // Pending rows then chunk rows are consecutive pending tokens (the chunk is the pending tail).
     const std::int64_t pend_first_ord = seg.sinks.count + static_cast<std::int64_t>(seg.blocks.size()) * block_tokens;
@@ -807,7 +807,7 @@ class KVCache {
       for (std::int64_t t = 0; t < r.count; ++t) {
         const std::int64_t p = r.first + t - pend_first_index;
         if (p >= 0 && p < static_cast<std::int64_t>(H.pend_score.size()))
-          H.pend_score[static_cast<std::size_t>(p)] += mass_[static_cast<std::size_t>(ord + t)];
+          H.pend_score[static_cast<std::size_t>(p)] += mass[static_cast<std::size_t>(ord + t)];
       }
     };
     credit(seg.pending, pend_first_ord);
@@ -1073,10 +1073,9 @@ class KVCache {
           for (std::size_t o = 0; o < agg.size(); ++o)
             agg[o] = EvictP::aggregate == GroupAggregate::max ? std::max(agg[o], mass_[o]) : agg[o] + mass_[o] / group;
         }
-        mass_ = agg;
         for (float& x : L.heads[static_cast<std::size_t>(h)].slot_score) x = 0.f;
         for (float& x : L.heads[static_cast<std::size_t>(h)].pend_score) x = 0.f;
-        credit_mass(L, h, seg);
+        credit_mass(L, h, seg, agg);
       }
       // Tokens per KV head kept: the window plus the top (kept - window); L.total is the prompt.
       const std::int64_t kept_total = EvictP::held_after_compression(L.total);
