@@ -6,7 +6,9 @@
 // prompts, import what the server holds into a fresh cache, compute the rest, compare bit for
 // bit with the cache it computed locally, publish. Fails (exit 1) on any wrong answer or any
 // client that crashed or did not finish in time; prints the fetch throughput as a ratio of
-// redis-benchmark's.
+// redis-benchmark's: under the 8-client load (end to end: fetch, verify, import; the clients'
+// own K/V computation competes for the same cores), and for one client alone after the load
+// (pipelined GETs only, and GETs + verification) against redis-benchmark -c 1 -P 512.
 //
 //   kvpack-remote-load [--clients 8] [--seconds S]     S default $KVPACK_REMOTE_LOAD_SECONDS or 30
 #include <signal.h>
@@ -97,9 +99,55 @@ int run_client(int id, const std::string& url, double seconds) {
   return wrong == 0 ? 0 : 1;
 }
 
-double redis_benchmark_get_rps(const std::string& socket, std::size_t value_bytes) {
-  const std::string cmd = "redis-benchmark -s " + socket + " -t get -d " + std::to_string(value_bytes) +
-                          " -n 200000 -c 8 -P 64 -r 1000 --csv 2>/dev/null";
+// One client alone after the load: pipelined GETs (512 per round trip, as RemoteTier batches)
+// over every page key of the shared prompts for ~3 s; values/s fetched, and with verification.
+struct LoadTransportRate {
+  double get_values_per_s = 0, verified_values_per_s = 0;
+};
+LoadTransportRate transport_rate(const std::string& url) {
+  ko::RemoteConfig cfg;
+  cfg.url = url;
+  cfg.command_timeout = std::chrono::milliseconds(2000);
+  auto tier = ko::RemoteTier::create(cfg).value();
+  SynthCache probe = SynthCache::create(kvpack_remote_test::synth_shape()).value();
+  const auto layout = ko::layout_for(probe);
+  const auto sealer = ko::PageSealer::create(load_key(), layout).value();
+  const auto& s = probe.shape();
+  std::vector<std::string> keys;
+  std::vector<ko::PageDigest> digests;
+  std::vector<ko::PageCoord> coords;
+  for (int p = 0; p < kLoadPrompts; ++p) {
+    const auto prompt = load_prompt(p);
+    const auto d = ko::prefix_page_digests("load-model", prompt, 32);
+    for (std::size_t page = 0; page < d.size(); ++page)
+      for (int l = 0; l < s.layers; ++l)
+        for (int h = 0; h < s.kv_heads; ++h) {
+          coords.push_back({l, h, s.kv_heads, static_cast<int64_t>(page)});
+          digests.push_back(ko::page_key(d[page], coords.back(), layout, sealer.aead()));
+          keys.push_back(cfg.key_prefix + digests.back().hex());
+        }
+  }
+  LoadTransportRate r;
+  std::vector<std::byte> out(layout.max_payload_bytes);
+  for (int verify = 0; verify < 2; ++verify) {
+    uint64_t values = 0;
+    const double t0 = load_now_s();
+    while (load_now_s() - t0 < 3.0) {
+      const auto got = tier->get_many(keys);
+      for (std::size_t i = 0; i < got.size(); ++i)
+        if (got[i] && (!verify || sealer.open(digests[i], coords[i], *got[i], out))) ++values;
+    }
+    (verify ? r.verified_values_per_s : r.get_values_per_s) = static_cast<double>(values) / (load_now_s() - t0);
+  }
+  return r;
+}
+
+// redis-benchmark GET throughput on keys it SET first (set,get: GET of absent keys would return
+// nil and measure nothing) with values of the page size.
+double redis_benchmark_get_rps(const std::string& socket, std::size_t value_bytes, int clients, int pipeline) {
+  const std::string cmd = "redis-benchmark -s " + socket + " -t set,get -d " + std::to_string(value_bytes) +
+                          " -n 200000 -c " + std::to_string(clients) + " -P " + std::to_string(pipeline) +
+                          " -r 1000 --csv 2>/dev/null";
   FILE* f = ::popen(cmd.c_str(), "r");
   if (!f) return 0;
   char line[512];
@@ -136,7 +184,8 @@ int main(int argc, char** argv) {
   if (!srv) return std::fprintf(stderr, "cannot start redis-server: %s\n", why.c_str()), 1;
   SynthCache probe = SynthCache::create(kvpack_remote_test::synth_shape()).value();
   const std::size_t value_bytes = ko::record_bytes(ko::layout_for(probe).max_payload_bytes);
-  const double bench_rps = redis_benchmark_get_rps(srv->socket_path(), value_bytes);
+  const double bench_rps = redis_benchmark_get_rps(srv->socket_path(), value_bytes, 8, 64);
+  const double bench_rps1 = redis_benchmark_get_rps(srv->socket_path(), value_bytes, 1, 512);
 
   std::vector<pid_t> pids;
   std::vector<int> fds;
@@ -200,5 +249,11 @@ int main(int argc, char** argv) {
   std::printf("fetch throughput: %.0f values/s (sum over clients, fetch+verify+import, %zu-byte values); "
               "redis-benchmark GET -d %zu -c 8 -P 64: %.0f req/s; ratio %.3f\n",
               rps_sum, value_bytes, value_bytes, bench_rps, bench_rps > 0 ? rps_sum / bench_rps : 0.0);
+  const LoadTransportRate one = transport_rate(srv->url());
+  std::printf("one client alone (pipeline 512): GET %.0f values/s, GET + verify %.0f values/s; "
+              "redis-benchmark GET -d %zu -c 1 -P 512: %.0f req/s; ratios %.3f / %.3f\n",
+              one.get_values_per_s, one.verified_values_per_s, value_bytes, bench_rps1,
+              bench_rps1 > 0 ? one.get_values_per_s / bench_rps1 : 0.0,
+              bench_rps1 > 0 ? one.verified_values_per_s / bench_rps1 : 0.0);
   return (wrong == 0 && wrong_clients == 0 && crashed == 0 && ops > 0) ? 0 : 1;
 }
