@@ -319,10 +319,11 @@ TEST(RemoteTierTest, MaxmemoryLruEvictsPages) {
   redisFree(admin);
   const long long evicted = std::stoll(stats.substr(stats.find("evicted_keys:") + 13));
   EXPECT_EQ(wrong, 0);
+  EXPECT_GT(stored, 0u);
   EXPECT_GT(evicted, 0);
   EXPECT_GT(partial, 0);
   remote_fault_rows().push_back({"maxmemory + allkeys-lru eviction", "evicted pages are misses, rest imported",
-                                 std::to_string(evicted) + " keys evicted; " + std::to_string(imported) +
+                                 std::to_string(stored) + " values stored, " + std::to_string(evicted) + " evicted; " + std::to_string(imported) +
                                      " of 2048 tokens imported; " + std::to_string(partial) + "/8 prompts partial; " +
                                      std::to_string(wrong) + " wrong",
                                  wrong == 0 && evicted > 0});
