@@ -128,6 +128,7 @@ class RemoteTier {
         stats_.bytes_out += k.size();
       }
       std::size_t i = 0;
+      bool auth_refused = false;
       for (; i < n; ++i) {
         redisReply* r = nullptr;
         if (redisGetReply(ctx_, reinterpret_cast<void**>(&r)) != REDIS_OK || !r) {
@@ -147,11 +148,17 @@ class RemoteTier {
           out[first + i].emplace(p, p + len);
           ++stats_.hits;
         } else {
-          if (r->type == REDIS_REPLY_ERROR) count_locked(reply_error_kind(r));
+          if (r->type == REDIS_REPLY_ERROR && reply_error_kind(r) == RemoteError::auth) auth_refused = true;
+          else if (r->type == REDIS_REPLY_ERROR) count_locked(RemoteError::server);
           ++stats_.misses;
         }
       }
       stats_.misses += n - i;
+      if (auth_refused && i == n) {  // NOAUTH: back off like a down server instead of asking again
+        mark_down_locked(RemoteError::auth, "the server demands AUTH (no or wrong password in the environment)");
+        stats_.misses += keys.size() - first - n;
+        return out;
+      }
       if (i == n) {
         ++stats_.fetch_batches;
         latency_.add(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
@@ -198,6 +205,7 @@ class RemoteTier {
         ++sent;
       }
       std::size_t got = 0;
+      bool auth_refused = false;
       for (; got < sent; ++got) {
         redisReply* r = nullptr;
         if (redisGetReply(ctx_, reinterpret_cast<void**>(&r)) != REDIS_OK || !r) {
@@ -209,12 +217,18 @@ class RemoteTier {
           ++stored;
           ++stats_.published;
         } else {
-          if (r->type == REDIS_REPLY_ERROR) count_locked(reply_error_kind(r));
+          if (r->type == REDIS_REPLY_ERROR && reply_error_kind(r) == RemoteError::auth) auth_refused = true;
+          else if (r->type == REDIS_REPLY_ERROR) count_locked(RemoteError::server);
           ++stats_.publish_failures;
         }
       }
       if (got < sent) {
         stats_.publish_failures += (sent - got) + (total - first - n);
+        return stored;
+      }
+      if (auth_refused) {
+        mark_down_locked(RemoteError::auth, "the server demands AUTH (no or wrong password in the environment)");
+        stats_.publish_failures += total - first - n;
         return stored;
       }
     }
