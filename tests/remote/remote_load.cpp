@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -100,7 +101,7 @@ int run_client(int id, const std::string& url, double seconds) {
 }
 
 // One client alone after the load: pipelined GETs (512 per round trip, as RemoteTier batches)
-// over every page key of the shared prompts for ~3 s; values/s fetched, and with verification.
+// over every page key of the shared prompts; values/s fetched, and fetched + verified.
 struct LoadTransportRate {
   double get_values_per_s = 0, verified_values_per_s = 0;
 };
@@ -129,15 +130,19 @@ LoadTransportRate transport_rate(const std::string& url) {
   }
   LoadTransportRate r;
   std::vector<std::byte> out(layout.max_payload_bytes);
-  for (int verify = 0; verify < 2; ++verify) {
+  // Best of 3 windows of 1 s per mode, alternating modes (the machine is shared: the best window
+  // is the one least disturbed by other work).
+  for (int window = 0; window < 6; ++window) {
+    const bool verify = window % 2 == 1;
     uint64_t values = 0;
     const double t0 = load_now_s();
-    while (load_now_s() - t0 < 3.0) {
+    while (load_now_s() - t0 < 1.0) {
       const auto got = tier->get_many(keys);
       for (std::size_t i = 0; i < got.size(); ++i)
         if (got[i] && (!verify || sealer.open(digests[i], coords[i], *got[i], out))) ++values;
     }
-    (verify ? r.verified_values_per_s : r.get_values_per_s) = static_cast<double>(values) / (load_now_s() - t0);
+    double& best = verify ? r.verified_values_per_s : r.get_values_per_s;
+    best = std::max(best, static_cast<double>(values) / (load_now_s() - t0));
   }
   return r;
 }
