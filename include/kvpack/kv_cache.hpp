@@ -392,6 +392,54 @@ class KVCache {
     return {};
   }
 
+  /// Prefix import (include/kvpack/offload/remote_prefix.hpp): appends one full block per KV head
+  /// to `layer`, as another cache of this exact type and shape encoded it (blocks(layer, h)[b].data).
+  /// payloads: [kv_heads][block_layout().bytes] bytes, KV head 0 first; the block holds tokens
+  /// [tokens(layer), tokens(layer) + block_tokens). Nothing is quantized again, so attention over
+  /// imported blocks is bit-identical to attention in the cache that produced them.
+  /// Errc::unsupported for eviction, keyframe, sink or offload caches; Errc::invalid_argument for a
+  /// layer out of range, a wrong payload size, a layer holding pending (unquantized) tokens or a
+  /// partial block, a negative stored position; Errc::capacity_exceeded past max_tokens. Nothing
+  /// changes on error.
+  Status import_block(int layer, std::span<const std::byte> payloads) {
+    if constexpr (evicts || any_keyframe || sink_tokens > 0 || offloads) {
+      (void)layer, (void)payloads;
+      return fail(Errc::unsupported, "import_block: only caches without eviction, keyframes, sinks or offload");
+    } else {
+      const auto bad = [&](std::string m) {
+        return fail(Errc::invalid_argument, "import_block: layer " + std::to_string(layer) + ": " + std::move(m));
+      };
+      if (layer < 0 || layer >= shape_.layers) return bad("out of range");
+      const std::size_t bytes = layout_.bytes, heads = static_cast<std::size_t>(shape_.kv_heads);
+      if (payloads.size() != heads * bytes)
+        return bad(std::to_string(payloads.size()) + " bytes, expected kv_heads * block bytes = " + std::to_string(heads * bytes));
+      Layer& L = layers_[static_cast<std::size_t>(layer)];
+      if (!L.pend_pos.empty() || L.committed != L.total || L.committed % block_tokens != 0)
+        return bad("holds pending tokens or a partial block");
+      if (L.total + block_tokens > shape_.max_tokens)
+        return fail(Errc::capacity_exceeded, "import_block: layer " + std::to_string(layer) + " would exceed max_tokens");
+      for (std::size_t h = 0; h < heads; ++h)
+        for (int t = 0; t < block_tokens; ++t) {
+          std::int32_t p;
+          std::memcpy(&p, payloads.data() + h * bytes + layout_.positions + static_cast<std::size_t>(t) * sizeof p, sizeof p);
+          if (p < 0) return bad("negative position in the imported block");
+        }
+      for (std::size_t h = 0; h < heads; ++h) {
+        Block b = new_block();
+        std::memcpy(b.data.get(), payloads.data() + h * bytes, bytes);
+        b.header.count = static_cast<std::uint16_t>(block_tokens);
+        b.header.version = 1;
+        L.heads[h].blocks.push_back(std::move(b));
+      }
+      detail::wipe_vector(L.chunk_k);  // the latest append is no longer the newest tokens
+      detail::wipe_vector(L.chunk_v);
+      L.chunk_tokens = 0;
+      L.committed += block_tokens;
+      L.total += block_tokens;
+      return {};
+    }
+  }
+
   /// SnapKV only: compresses `layer`'s prompt now (normally done by the first decode append).
   /// Errc::invalid_argument when the layer was already compressed or holds no recorded queries.
   Status compress_prompt(int layer)

@@ -1,0 +1,220 @@
+// Prefix sharing through a RemoteTier on today's single-sequence KVCache: a process that has run
+// a prompt prefix publishes the prefix's full pages; another process, with a fresh cache and the
+// same prompt, imports as many leading pages as the tier holds and runs only the rest of the
+// prompt through the model.
+//
+//   auto tier = RemoteTier::create(cfg);                       // redis://... or unix://...
+//   auto share = RemotePrefixShare<Cache>::create(cache, **tier, EnvKeyProvider("KVPACK_REMOTE_KEY"),
+//                                                 "SmolLM2-135M-Instruct.Q4_1");
+//   // process A, after prefilling `prompt`:
+//   share->publish(cache, prompt);
+//   // process B, fresh cache:
+//   auto got = share->import(cache, prompt);                   // tokens now held, a page multiple
+//   model.forward(cache, prompt.subspan(*got), *got, ...);     // only the rest is computed
+//
+// A page is imported only when the values of all (layer, KV head) pairs of that page were fetched
+// and verified; import stops at the first page that is not complete, so the cache always holds a
+// contiguous prefix [0, k * Blocks<B>) and the caller recomputes the rest: nothing is ever lost,
+// whatever the tier does (miss, timeout, restart, eviction, tampering). Imported blocks are the
+// publisher's bytes, so attention over them is bit-identical to the publisher's.
+//
+// The cache type must be plain (no eviction, sinks, keyframe codecs or Offload<>): its block b
+// holds exactly tokens [b * B, (b + 1) * B) (KVCache::import_block checks this too). Positions
+// must be the token indices (the prompt starts at position 0); publish() skips pages whose stored
+// positions differ.
+#pragma once
+
+#include <sodium.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvpack/kv_cache.hpp"
+#include "kvpack/offload/cache_layout.hpp"
+#include "kvpack/offload/remote_page_codec.hpp"
+#include "kvpack/offload/remote_page_key.hpp"
+#include "kvpack/offload/remote_tier.hpp"
+#include "kvpack/result.hpp"
+
+namespace kvpack::offload {
+
+/// What publish() did. Values are (page, layer, KV head) records.
+struct PrefixPublishReport {
+  int64_t pages = 0;           ///< full pages of the prompt the cache holds (offered)
+  uint64_t values = 0;         ///< records sent (pages * layers * kv_heads)
+  uint64_t stored = 0;         ///< records the server acknowledged
+  uint64_t record_bytes = 0;   ///< bytes of the records sent
+};
+
+/// Publishes and imports the prefix pages of caches of type `Cache` through one RemoteTier.
+template <class Cache>
+class RemotePrefixShare {
+  static_assert(!Cache::evicts && !Cache::any_keyframe && Cache::sink_tokens == 0 && !Cache::offloads,
+                "kvpack::offload::RemotePrefixShare<Cache>: the cache must have no eviction, keyframe codec, "
+                "Sinks<> or Offload<> (block b must hold exactly tokens [b*B, (b+1)*B))");
+
+ public:
+  /// `cache` gives the layout and shape (any cache of the same type and shape may be used later);
+  /// `tier` must outlive this object; `keys` gives the secret shared by all processes (read once);
+  /// `model_id` names the model weights (part of every page address). Errors: the key
+  /// provider's, Errc::invalid_argument for an empty model id.
+  [[nodiscard]] static Result<RemotePrefixShare> create(const Cache& cache, RemoteTier& tier, const KeyProvider& keys,
+                                                        std::string model_id, bool encrypt = true) {
+    if (model_id.empty()) return fail(Errc::invalid_argument, "RemotePrefixShare: empty model id");
+    auto sealer = PageSealer::create(keys, layout_for(cache), encrypt);
+    if (!sealer) return sealer.error();
+    return RemotePrefixShare(tier, std::move(sealer).value(), std::move(model_id), cache.shape(),
+                             cache.block_layout().positions);
+  }
+
+  /// Tokens per page (Blocks<B>).
+  static constexpr int page_tokens = Cache::block_tokens;
+  /// Bytes of one sealed page value (payload + 72).
+  [[nodiscard]] std::size_t value_bytes() const noexcept { return sealer_.record_size(); }
+  /// The tier (stats, ping).
+  [[nodiscard]] RemoteTier& tier() const noexcept { return *tier_; }
+
+  /// Publishes every full page of `prompt` that `cache` holds in all layers (a trailing partial
+  /// page is never published), `pages_per_batch` pages per pipelined round trip. Never fails:
+  /// what the server did not store stays local only (counted in the report and tier stats).
+  PrefixPublishReport publish(const Cache& cache, std::span<const int32_t> prompt, int pages_per_batch = 8) {
+    PrefixPublishReport rep;
+    const auto digests = prefix_page_digests(model_id_, prompt, page_tokens);
+    int64_t pages = static_cast<int64_t>(digests.size());
+    for (int l = 0; l < shape_.layers; ++l) pages = std::min<int64_t>(pages, cache.quantized_tokens(l) / page_tokens);
+    rep.pages = pages;
+    const std::size_t rec = sealer_.record_size(), payload = sealer_.layout().max_payload_bytes;
+    const int64_t step = std::max(1, pages_per_batch);
+    std::vector<std::string> keys;
+    std::vector<std::byte> buf;
+    std::vector<std::span<const std::byte>> values;
+    for (int64_t p0 = 0; p0 < pages; p0 += step) {
+      const int64_t p1 = std::min(pages, p0 + step);
+      keys.clear();
+      values.clear();
+      buf.assign(static_cast<std::size_t>(p1 - p0) * per_page() * rec, std::byte{0});
+      std::size_t at = 0;
+      for (int64_t p = p0; p < p1; ++p)
+        for (int l = 0; l < shape_.layers; ++l)
+          for (int h = 0; h < shape_.kv_heads; ++h) {
+            const auto& b = cache.blocks(l, h)[static_cast<std::size_t>(p)];
+            if (!b.data || b.header.count != page_tokens || !positions_are_indices(b.data.get(), p)) continue;
+            const PageCoord c{l, h, shape_.kv_heads, p};
+            const PageDigest k = page_key(digests[static_cast<std::size_t>(p)], c, sealer_.layout(), sealer_.aead());
+            const std::span<std::byte> out(buf.data() + at * rec, rec);
+            if (!sealer_.seal(k, c, std::span<const std::byte>(b.data.get(), payload), out)) continue;
+            keys.push_back(key_string(k));
+            values.push_back(out);
+            ++at;
+          }
+      rep.values += values.size();
+      rep.record_bytes += values.size() * rec;
+      rep.stored += tier_->set_many(keys, values);
+    }
+    return rep;
+  }
+
+  /// Imports the leading pages of `prompt` the tier holds complete and verified into `cache`,
+  /// starting at the cache's current page (all layers must hold the same whole number of pages of
+  /// this prompt, e.g. a fresh cache), fetching `pages_per_batch` pages per round trip. Returns the
+  /// tokens the cache holds afterwards (a multiple of page_tokens, at most prompt.size()): the
+  /// caller runs prompt[result, end) through the model. Misses and every tier failure only shorten
+  /// the import. Errc::invalid_argument when the cache's layers are not at one page boundary;
+  /// KVCache::import_block's errors (never expected after that check).
+  [[nodiscard]] Result<int64_t> import(Cache& cache, std::span<const int32_t> prompt, int pages_per_batch = 8) {
+    const int64_t have = cache.tokens(0);
+    for (int l = 0; l < shape_.layers; ++l)
+      if (cache.tokens(l) != have || cache.quantized_tokens(l) != have || have % page_tokens != 0)
+        return fail(Errc::invalid_argument, "RemotePrefixShare::import: every layer must hold the same whole number "
+                                            "of pages (layer " + std::to_string(l) + " holds " +
+                                            std::to_string(cache.tokens(l)) + " tokens)");
+    const auto digests = prefix_page_digests(model_id_, prompt, page_tokens);
+    const int64_t pages = static_cast<int64_t>(digests.size());
+    const std::size_t payload = sealer_.layout().max_payload_bytes, heads = static_cast<std::size_t>(shape_.kv_heads);
+    const int64_t step = std::max(1, pages_per_batch);
+    std::vector<std::string> keys;
+    std::vector<PageDigest> digs;
+    std::vector<std::byte> plain;
+    for (int64_t p0 = have / page_tokens; p0 < pages; p0 += step) {
+      const int64_t p1 = std::min(pages, p0 + step);
+      keys.clear();
+      digs.clear();
+      for (int64_t p = p0; p < p1; ++p)
+        for (int l = 0; l < shape_.layers; ++l)
+          for (int h = 0; h < shape_.kv_heads; ++h) {
+            digs.push_back(page_key(digests[static_cast<std::size_t>(p)], PageCoord{l, h, shape_.kv_heads, p},
+                                    sealer_.layout(), sealer_.aead()));
+            keys.push_back(key_string(digs.back()));
+          }
+      const std::vector<RemoteValue> got = tier_->get_many(keys);
+      // Verify page by page; a page enters the cache only when all its values verified.
+      plain.assign(per_page() * payload, std::byte{0});
+      for (int64_t p = p0; p < p1; ++p) {
+        const std::size_t base = static_cast<std::size_t>(p - p0) * per_page();
+        uint64_t rejected = 0;
+        bool complete = true;
+        for (std::size_t i = 0; i < per_page(); ++i) {
+          const RemoteValue& v = got[base + i];
+          const auto l = static_cast<int32_t>(i / heads), h = static_cast<int32_t>(i % heads);
+          const std::span<std::byte> out(plain.data() + i * payload, payload);
+          if (!v) {
+            complete = false;
+          } else if (!sealer_.open(digs[base + i], PageCoord{l, h, shape_.kv_heads, p}, *v, out)) {
+            complete = false;
+            ++rejected;
+          }
+        }
+        if (rejected) tier_->count_rejected(rejected);
+        if (!complete) {
+          sodium_memzero(plain.data(), plain.size());
+          return cache.tokens(0);
+        }
+        for (int l = 0; l < shape_.layers; ++l) {
+          const std::span<const std::byte> layer_payloads(plain.data() + static_cast<std::size_t>(l) * heads * payload,
+                                                          heads * payload);
+          if (Status s = cache.import_block(l, layer_payloads); !s) {
+            sodium_memzero(plain.data(), plain.size());
+            return s.error();
+          }
+        }
+      }
+      sodium_memzero(plain.data(), plain.size());
+    }
+    return cache.tokens(0);
+  }
+
+ private:
+  RemotePrefixShare(RemoteTier& tier, PageSealer sealer, std::string model_id, const ModelShape& shape,
+                    std::size_t positions_offset)
+      : tier_(&tier), sealer_(std::move(sealer)), model_id_(std::move(model_id)), shape_(shape),
+        positions_offset_(positions_offset) {}
+
+  [[nodiscard]] std::size_t per_page() const noexcept {
+    return static_cast<std::size_t>(shape_.layers) * static_cast<std::size_t>(shape_.kv_heads);
+  }
+  [[nodiscard]] std::string key_string(const PageDigest& d) const { return tier_->config().key_prefix + d.hex(); }
+
+  // Block b of a shareable prefix holds positions b*B .. b*B+B-1 (the prompt starts at 0).
+  [[nodiscard]] bool positions_are_indices(const std::byte* data, int64_t page) const {
+    const std::size_t off = positions_offset_;
+    for (int t = 0; t < page_tokens; ++t) {
+      int32_t pos;
+      std::memcpy(&pos, data + off + static_cast<std::size_t>(t) * sizeof pos, sizeof pos);
+      if (pos != page * page_tokens + t) return false;
+    }
+    return true;
+  }
+
+  RemoteTier* tier_;
+  PageSealer sealer_;
+  std::string model_id_;
+  ModelShape shape_;
+  std::size_t positions_offset_;  // byte offset of the int32 positions in a block payload
+};
+
+}  // namespace kvpack::offload
