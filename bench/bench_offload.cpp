@@ -21,7 +21,7 @@ namespace ko = kvpack::offload;
 
 namespace {
 
-ko::BlockLayout layout_of(std::size_t payload) {
+ko::RecordLayout layout_of(std::size_t payload) {
   auto l = ko::testing::c11_layout();
   l.max_payload_bytes = static_cast<uint32_t>(payload);
   return l;

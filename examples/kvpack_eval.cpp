@@ -435,7 +435,7 @@ class Evaluator {
   /// every other cache does.
   template <class Cache>
   [[nodiscard]] int64_t capacity(int64_t context, int64_t appended) const {
-    if constexpr (requires { requires Cache::evicts && !Cache::is_snapkv; }) {
+    if constexpr (requires { requires Cache::evicts_continuously; }) {
       if (auto c = Cache::create(m_.cache_shape(context)); c && c->eviction_budget() + opt_.chunk <= context)
         return context;
     }

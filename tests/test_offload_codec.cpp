@@ -45,7 +45,7 @@ void decode_payload(const kvpack::BlockLayout& L, std::span<const std::byte> d, 
   }
 }
 
-ko::StoreConfig everything_out(const ko::BlockLayout& layout, const std::string& dir) {
+ko::StoreConfig everything_out(const ko::RecordLayout& layout, const std::string& dir) {
   ko::StoreConfig c;
   c.layout = layout;
   c.resident_budget_bytes = 0;  // every block leaves the hot tier as soon as it is put

@@ -44,7 +44,7 @@ std::vector<ko::Aead> aeads() {
 // ---- header ------------------------------------------------------------------------------------
 
 TEST(OffloadHeader, KnownAnswerBytes) {
-  const auto h = ko::BlockHeader::make(c11_layout(), ko::Aead::xchacha20poly1305, 33, 10496).serialize();
+  const auto h = ko::RecordHeader::make(c11_layout(), ko::Aead::xchacha20poly1305, 33, 10496).serialize();
   // 'KVPB', version 1, aead 1, flags 0, codec 0x04520452, k_bits 4, v_bits 4, k_group 32,
   // v_group 32, head_dim 128, tokens 64, count 33, payload 10496 = 0x2900, 4 reserved zero bytes.
   const std::vector<int> want{'K', 'V', 'P', 'B', 1, 0, 1, 0, 0x52, 0x04, 0x52, 0x04, 4, 4, 32, 0,
@@ -54,27 +54,27 @@ TEST(OffloadHeader, KnownAnswerBytes) {
 }
 
 TEST(OffloadHeader, RoundTripAndParseErrors) {
-  const auto hdr = ko::BlockHeader::make(c11_layout(), ko::Aead::aes256gcm, 64, 10496);
+  const auto hdr = ko::RecordHeader::make(c11_layout(), ko::Aead::aes256gcm, 64, 10496);
   auto bytes = hdr.serialize();
-  auto back = ko::BlockHeader::parse(bytes);
+  auto back = ko::RecordHeader::parse(bytes);
   ASSERT_TRUE(back);
   EXPECT_EQ(*back, hdr);
   EXPECT_TRUE(back->check(c11_layout(), ko::Aead::aes256gcm));
 
-  EXPECT_EQ(ko::BlockHeader::parse(std::span(bytes).first(31)).error().code, Errc::corrupt_data);
+  EXPECT_EQ(ko::RecordHeader::parse(std::span(bytes).first(31)).error().code, Errc::corrupt_data);
   auto bad = bytes;
   bad[0] = std::byte{'X'};
-  EXPECT_EQ(ko::BlockHeader::parse(bad).error().code, Errc::corrupt_data);
+  EXPECT_EQ(ko::RecordHeader::parse(bad).error().code, Errc::corrupt_data);
   bad = bytes;
   bad[4] = std::byte{2};  // format version 2
-  EXPECT_EQ(ko::BlockHeader::parse(bad).error().code, Errc::corrupt_data);
+  EXPECT_EQ(ko::RecordHeader::parse(bad).error().code, Errc::corrupt_data);
   bad = bytes;
   bad[6] = std::byte{3};  // unknown aead
-  EXPECT_EQ(ko::BlockHeader::parse(bad).error().code, Errc::corrupt_data);
+  EXPECT_EQ(ko::RecordHeader::parse(bad).error().code, Errc::corrupt_data);
   for (std::size_t i = 28; i < 32; ++i) {
     bad = bytes;
     bad[i] = std::byte{1};
-    EXPECT_EQ(ko::BlockHeader::parse(bad).error().code, Errc::corrupt_data) << "reserved byte " << i;
+    EXPECT_EQ(ko::RecordHeader::parse(bad).error().code, Errc::corrupt_data) << "reserved byte " << i;
   }
 }
 
@@ -82,7 +82,7 @@ TEST(OffloadHeader, EveryLayoutFieldIsChecked) {
   const auto layout = c11_layout();
   struct Case {
     const char* field;
-    ko::BlockLayout other;
+    ko::RecordLayout other;
   };
   std::vector<Case> cases;
   auto l = layout;
@@ -110,13 +110,13 @@ TEST(OffloadHeader, EveryLayoutFieldIsChecked) {
   l.block_tokens = 32;
   cases.push_back({"block_tokens", l});
   for (const auto& c : cases) {
-    const auto h = ko::BlockHeader::make(c.other, ko::Aead::xchacha20poly1305, 16, 100);
+    const auto h = ko::RecordHeader::make(c.other, ko::Aead::xchacha20poly1305, 16, 100);
     auto s = h.check(layout, ko::Aead::xchacha20poly1305);
     ASSERT_FALSE(s) << c.field;
     EXPECT_EQ(s.error().code, Errc::corrupt_data);
     EXPECT_NE(s.error().message.find(c.field), std::string::npos) << s.error().message;
   }
-  const auto h = ko::BlockHeader::make(layout, ko::Aead::xchacha20poly1305, 16, 100);
+  const auto h = ko::RecordHeader::make(layout, ko::Aead::xchacha20poly1305, 16, 100);
   EXPECT_EQ(h.check(layout, ko::Aead::aes256gcm).error().code, Errc::corrupt_data);
   auto h2 = h;
   h2.token_count = 65;
@@ -273,7 +273,7 @@ class OffloadRecord : public ::testing::TestWithParam<ko::Aead> {
     ASSERT_TRUE(ko::seal_record(*cipher_, c11_layout(), id_, 64, payload_, record_));
   }
   kvpack::Result<ko::OpenedRecord> open(const ko::BlockId& id, std::span<const std::byte> rec, std::vector<std::byte>& out,
-                                        const ko::BlockLayout& layout = c11_layout()) {
+                                        const ko::RecordLayout& layout = c11_layout()) {
     out.assign(kC11PayloadBytes, std::byte{0xEE});
     return ko::open_record(*cipher_, layout, id, rec, out);
   }

@@ -40,8 +40,8 @@ static_assert(kC11PayloadBytes == 10496);
 inline constexpr uint32_t kC11CodecFormat = 0x0452'0452;
 
 /// The C11 layout.
-[[nodiscard]] inline BlockLayout c11_layout() {
-  BlockLayout l;
+[[nodiscard]] inline RecordLayout c11_layout() {
+  RecordLayout l;
   l.codec_format = kC11CodecFormat;
   l.k_bits = l.v_bits = kC11Bits;
   l.k_group = l.v_group = kC11Group;

@@ -8,9 +8,18 @@
 //   using options = ...;               runtime options, the second argument of KVCache::create
 //   using state = ...;                 a movable member of the cache holding the store;
 //                                      state::handle keeps a fetched block's bytes alive
+// and the state's hook points, called by KVCache at create (init), after a commit (hand_over),
+// around attention (begin_attend, view, end_attend), in read_back (hold) and reset (reset).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvpack/cache/block.hpp"
 #include "kvpack/policy.hpp"
+#include "kvpack/result.hpp"
 
 namespace kvpack {
 
@@ -21,9 +30,25 @@ struct NoOffload {
   static constexpr bool enabled = false;
   /// No runtime options.
   struct options {};
-  /// No state.
+  /// No state; every hook point does nothing (blocks never leave the cache's memory).
   struct state {
-    struct handle {};  ///< never used: without offload every block is in the cache's memory
+    /// Never filled: without offload every block is in the cache's memory.
+    struct handle {
+      [[nodiscard]] std::span<const std::byte> bytes() const noexcept { return {}; }
+    };
+    template <class Cache>
+    [[nodiscard]] Status init(const Cache&, const options&) noexcept {
+      return {};
+    }
+    void hand_over(int, int, std::vector<Block>&) noexcept {}
+    [[nodiscard]] Status begin_attend(int) noexcept { return {}; }
+    [[nodiscard]] const std::byte* view(int, std::size_t) const noexcept { return nullptr; }
+    void end_attend() noexcept {}
+    /// Errc::invalid_argument: no block is ever held by a store (not reached: data is never null).
+    [[nodiscard]] Result<handle> hold(int, int, std::int64_t) const {
+      return fail(Errc::invalid_argument, "no offload store holds this block");
+    }
+    void reset() noexcept {}
   };
 };
 

@@ -1,10 +1,142 @@
 // BlockSparse: eviction at storage-block granularity with a per-(layer, KV head) block bitmask.
 #pragma once
 
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
 #include "kvpack/eviction/budget.hpp"
+#include "kvpack/eviction/hook.hpp"
 #include "kvpack/policy.hpp"
 
 namespace kvpack {
+
+namespace eviction {
+/// BlockSparse's hook: per (layer, KV head) a bitmask with one bit per allocated block (set =
+/// live); block scores are the summed cumulative mass of their tokens (as H2O's token scores).
+template <class P>
+class BlockSparseHook : public HookDefaults {
+ public:
+  static constexpr bool wants_mass = true;
+  static constexpr int required_block_tokens = P::block_tokens;
+  static constexpr bool evicts_continuously = true;
+
+  /// Errc::invalid_argument when the resolved budget cannot hold the protected blocks.
+  [[nodiscard]] static Status check(const ModelShape& shape) {
+    const std::int64_t b = P::budget_type::resolve(shape.max_tokens);
+    if (b >= P::protected_tokens) return {};
+    return fail(Errc::invalid_argument, "KVCache::create: BlockSparse budget of " + std::to_string(b) +
+                                            " tokens (from max_tokens " + std::to_string(shape.max_tokens) +
+                                            ") is below the " + std::to_string(P::protected_tokens) +
+                                            " tokens of its sink, recent and open blocks");
+  }
+  void init(const ModelShape& shape) {
+    budget_ = P::budget_type::resolve(shape.max_tokens);
+    heads_ = shape.kv_heads;
+    masks_.assign(static_cast<std::size_t>(shape.layers) * static_cast<std::size_t>(shape.kv_heads), {});
+  }
+  void reset() {
+    for (Mask& m : masks_) m = {};
+  }
+  [[nodiscard]] std::int64_t budget() const noexcept { return budget_; }
+
+  /// A new block is live.
+  template <class St>
+  void on_commit(St& st, int li, int h, std::int64_t, std::int64_t) {
+    mark_live(mask(li, h), st.layer(li).heads[static_cast<std::size_t>(h)].blocks.size());
+  }
+  /// Evicts whole blocks (lowest summed mass first, oldest on ties; never the first SinkBlocks,
+  /// the open block or the RecentBlocks before it) until the head fits the budget, then compacts
+  /// when at least half of the allocated blocks are masked out.
+  template <class St>
+  void enforce(St& st, int li, int h, std::int64_t pend) {
+    auto& L = st.layer(li);
+    HeadStore& H = L.heads[static_cast<std::size_t>(h)];
+    Mask& m = mask(li, h);
+    constexpr auto B = static_cast<std::size_t>(P::block_tokens);
+    while (L.sinks_held + H.live + pend > budget_) {
+      const std::size_t nb = H.blocks.size();
+      const std::size_t protected_tail = static_cast<std::size_t>(P::recent_blocks) + 1;
+      if (nb <= protected_tail) break;
+      std::int64_t victim = -1;
+      double best = 0;
+      for (std::size_t b = static_cast<std::size_t>(P::sink_blocks); b < nb - protected_tail; ++b) {
+        if (!live(m, b)) continue;
+        double score = 0;
+        for (std::size_t t = 0; t < B; ++t) score += H.slot_score[b * B + t];
+        if (victim < 0 || score < best) victim = static_cast<std::int64_t>(b), best = score;
+      }
+      if (victim < 0) break;
+      evict_block(H, m, static_cast<std::size_t>(victim));
+    }
+    std::size_t live_blocks = 0;
+    for (std::uint64_t w : m.words) live_blocks += static_cast<std::size_t>(std::popcount(w));
+    if (live_blocks < H.blocks.size() && H.blocks.size() - live_blocks >= live_blocks) compact(st, li, h);
+  }
+  /// A masked-out block is never read.
+  template <class St>
+  [[nodiscard]] bool block_visible(const St&, int li, int h, std::size_t b) const noexcept {
+    return live(masks_[index(li, h)], b);
+  }
+  template <class St>
+  void on_mass(St& st, int li, int h, const kernels::HeadSegments& seg, std::span<const float> mass) {
+    credit_mass(st, li, h, seg, mass, Credit::add);
+  }
+  /// KVCache::compact_blocks: rewrites every KV head of layer li densely.
+  template <class St>
+  void compact_layer(St& st, int li) {
+    for (int h = 0; h < heads_; ++h) compact(st, li, h);
+  }
+  /// The block bitmask of (layer li, KV head h) (KVCache::block_mask).
+  [[nodiscard]] std::span<const std::uint64_t> mask_words(int li, int h) const noexcept { return masks_[index(li, h)].words; }
+  /// Masked-out blocks hold memory until compaction: every allocated slot counts.
+  [[nodiscard]] std::size_t payload_slots(const HeadStore& H) const noexcept { return H.slot_token.size(); }
+  [[nodiscard]] std::size_t extra_bytes(int li, int h) const noexcept {
+    return masks_[index(li, h)].words.size() * sizeof(std::uint64_t);
+  }
+  void wipe() noexcept { masks_.clear(); }
+
+ private:
+  struct Mask {
+    std::vector<std::uint64_t> words;  // bit b % 64 of word b / 64: block b live
+    std::size_t blocks = 0;            // blocks the mask covers
+  };
+  [[nodiscard]] std::size_t index(int li, int h) const noexcept {
+    return static_cast<std::size_t>(li) * static_cast<std::size_t>(heads_) + static_cast<std::size_t>(h);
+  }
+  [[nodiscard]] Mask& mask(int li, int h) noexcept { return masks_[index(li, h)]; }
+  [[nodiscard]] static bool live(const Mask& m, std::size_t b) noexcept { return ((m.words[b / 64] >> (b % 64)) & 1u) != 0; }
+  static void mark_live(Mask& m, std::size_t blocks) {
+    for (; m.blocks < blocks; ++m.blocks) {
+      if (m.blocks / 64 >= m.words.size()) m.words.push_back(0);
+      m.words[m.blocks / 64] |= std::uint64_t{1} << (m.blocks % 64);
+    }
+  }
+  // Masks out block b (bit cleared, slots forgotten). The block bit alone hides the block from
+  // attention; the payload is zeroed and freed by the next compaction.
+  static void evict_block(HeadStore& H, Mask& m, std::size_t b) {
+    m.words[b / 64] &= ~(std::uint64_t{1} << (b % 64));
+    for (std::size_t t = 0; t < static_cast<std::size_t>(P::block_tokens); ++t)
+      H.forget_slot(static_cast<std::int64_t>(b * static_cast<std::size_t>(P::block_tokens) + t));
+    ++H.blocks[b].header.version;
+  }
+  template <class St>
+  void compact(St& st, int li, int h) {
+    HeadStore& H = st.layer(li).heads[static_cast<std::size_t>(h)];
+    H.compact(st.layout(), st.proto());
+    Mask& m = mask(li, h);
+    m = {};
+    mark_live(m, H.blocks.size());
+  }
+
+  std::int64_t budget_ = 0;
+  int heads_ = 0;
+  std::vector<Mask> masks_;  // [layer * kv_heads + h]
+};
+}  // namespace eviction
 
 /// Block-granular eviction (a block-level heavy-hitter policy in the spirit of H2O, Zhang et al.
 /// 2023, arXiv:2306.14048, with the block-sparse layout of paged/block-sparse attention).
@@ -51,21 +183,11 @@ struct BlockSparse {
   using kvpack_role = role::eviction;
   using budget_type = Budget;
   static constexpr bool evicts = true;
+  using hook = eviction::BlockSparseHook<BlockSparse>;
   static constexpr int sink_tokens = 0;  // token-level sinks: none (use Sinks<N> for fp32 sinks)
   static constexpr int block_tokens = BlockTokens;
   static constexpr int sink_blocks = SinkBlocks;
   static constexpr int recent_blocks = RecentBlocks;
 };
-
-namespace detail {
-template <class E>
-inline constexpr bool is_block_sparse_v = false;
-template <class Bu, int B, int S, int R>
-inline constexpr bool is_block_sparse_v<BlockSparse<Bu, B, S, R>> = true;
-template <class E>
-inline constexpr int block_tokens_of_v = 64;  // unused for other policies
-template <class Bu, int B, int S, int R>
-inline constexpr int block_tokens_of_v<BlockSparse<Bu, B, S, R>> = B;
-}  // namespace detail
 
 }  // namespace kvpack

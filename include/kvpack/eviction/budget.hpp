@@ -40,6 +40,22 @@ template <int N, int D>
 inline constexpr bool is_budget_v<Fraction<N, D>> = true;
 }  // namespace detail
 
+namespace detail {
+// N for Tokens<N>; -1 for Fraction<> (resolved at run time) and for a type that is no budget.
+template <class B>
+inline constexpr std::int64_t fixed_budget_v = -1;
+template <std::int64_t N>
+inline constexpr std::int64_t fixed_budget_v<Tokens<N>> = N;
+// B::resolve(n) for a budget type (Tokens<N>: N; Fraction<Num, Den>: floor(n * Num / Den), at least 1);
+// 0 for a type that is no budget (only reached after that policy's static_assert failed).
+template <class B>
+[[nodiscard]] constexpr std::int64_t resolve_budget(std::int64_t n) noexcept {
+  if constexpr (is_budget_v<B>) return B::resolve(n);
+  else return (void)n, 0;
+}
+}  // namespace detail
+
+
 /// A budget type: Tokens<N> or Fraction<Num, Den>.
 template <class T>
 concept EvictionBudget = detail::is_budget_v<T>;

@@ -59,7 +59,7 @@ enum class Aead : uint8_t {
 /// Shape of the blocks a cache offloads (the offload-side mirror of kvpack::BlockHeader's layout
 /// fields plus the codec identity). Every restored header must match all fields but
 /// `max_payload_bytes` exactly; that one bounds payload_bytes and sizes file slots.
-struct BlockLayout {
+struct RecordLayout {
   uint32_t codec_format = 0;       ///< K/V codec format id (cache_layout.hpp derives it)
   uint8_t k_bits = 0, v_bits = 0;  ///< bits per key / value code, 1..32
   uint8_t flags = 0;               ///< bit 0: keys per-channel
@@ -68,7 +68,7 @@ struct BlockLayout {
   uint16_t block_tokens = 0;       ///< tokens per full block, > 0
   uint32_t max_payload_bytes = 0;  ///< bytes of the largest payload (a full block), > 0
 
-  friend bool operator==(const BlockLayout&, const BlockLayout&) = default;
+  friend bool operator==(const RecordLayout&, const RecordLayout&) = default;
 
   /// Checks the ranges above; Errc::invalid_argument naming the bad field.
   [[nodiscard]] Status validate() const {
@@ -86,7 +86,7 @@ struct BlockLayout {
 };
 
 /// Decoded form of the 32-byte header (see the table at the top of this file).
-struct BlockHeader {
+struct RecordHeader {
   static constexpr std::array<std::byte, 4> kMagic{std::byte{'K'}, std::byte{'V'}, std::byte{'P'},
                                                    std::byte{'B'}};
   static constexpr uint16_t kFormatVersion = 1;
@@ -103,12 +103,12 @@ struct BlockHeader {
   uint16_t token_count = 0;
   uint32_t payload_bytes = 0;
 
-  friend bool operator==(const BlockHeader&, const BlockHeader&) = default;
+  friend bool operator==(const RecordHeader&, const RecordHeader&) = default;
 
   /// Header of a block of `layout` holding `token_count` tokens in `payload_bytes` bytes.
-  [[nodiscard]] static BlockHeader make(const BlockLayout& layout, Aead aead, uint16_t token_count,
+  [[nodiscard]] static RecordHeader make(const RecordLayout& layout, Aead aead, uint16_t token_count,
                                         uint32_t payload_bytes) noexcept {
-    BlockHeader h;
+    RecordHeader h;
     h.aead = aead;
     h.flags = layout.flags;
     h.codec_format = layout.codec_format;
@@ -147,7 +147,7 @@ struct BlockHeader {
 
   /// Parses the first 32 bytes of `bytes`. Errc::corrupt_data if fewer than 32 bytes, a wrong
   /// magic, an unknown format version or Aead id, or non-zero reserved bytes.
-  [[nodiscard]] static Result<BlockHeader> parse(std::span<const std::byte> bytes) {
+  [[nodiscard]] static Result<RecordHeader> parse(std::span<const std::byte> bytes) {
     if (bytes.size() < kBytes)
       return fail(Errc::corrupt_data, "block header truncated: " + std::to_string(bytes.size()) +
                                           " of " + std::to_string(kBytes) + " bytes");
@@ -158,7 +158,7 @@ struct BlockHeader {
       for (int i = 0; i < n; ++i) v |= std::to_integer<uint64_t>(bytes[at + static_cast<std::size_t>(i)]) << (8 * i);
       return v;
     };
-    BlockHeader h;
+    RecordHeader h;
     h.format_version = static_cast<uint16_t>(get(4, 2));
     if (h.format_version != kFormatVersion)
       return fail(Errc::corrupt_data,
@@ -184,7 +184,7 @@ struct BlockHeader {
   /// Checks this header against the cache's layout and protection. Errc::corrupt_data naming the
   /// first field that differs ("head_dim 64, expected 128"), or a token count / payload size
   /// out of range.
-  [[nodiscard]] Status check(const BlockLayout& layout, Aead expected_aead) const {
+  [[nodiscard]] Status check(const RecordLayout& layout, Aead expected_aead) const {
     auto mismatch = [](const char* field, uint64_t got, uint64_t want) {
       return fail(Errc::corrupt_data, std::string("block header layout mismatch: ") + field + " " +
                                           std::to_string(got) + ", expected " + std::to_string(want));

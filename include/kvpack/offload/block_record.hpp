@@ -26,7 +26,7 @@
 namespace kvpack::offload {
 
 /// Bytes a record adds to its payload: header 32 + nonce field 24 + tag 16.
-inline constexpr std::size_t kRecordOverhead = BlockHeader::kBytes + kNonceFieldBytes + kTagBytes;
+inline constexpr std::size_t kRecordOverhead = RecordHeader::kBytes + kNonceFieldBytes + kTagBytes;
 
 /// Bytes of the record of a `payload_bytes`-byte payload.
 [[nodiscard]] constexpr std::size_t record_bytes(std::size_t payload_bytes) noexcept {
@@ -40,12 +40,12 @@ struct OpenedRecord {
 };
 
 namespace detail {
-inline std::array<std::byte, BlockId::kSerializedBytes + BlockHeader::kBytes> record_ad(
+inline std::array<std::byte, BlockId::kSerializedBytes + RecordHeader::kBytes> record_ad(
     const BlockId& id, std::span<const std::byte> header) {
-  std::array<std::byte, BlockId::kSerializedBytes + BlockHeader::kBytes> ad{};
+  std::array<std::byte, BlockId::kSerializedBytes + RecordHeader::kBytes> ad{};
   const auto idb = id.serialize();
   std::memcpy(ad.data(), idb.data(), idb.size());
-  std::memcpy(ad.data() + idb.size(), header.data(), BlockHeader::kBytes);
+  std::memcpy(ad.data() + idb.size(), header.data(), RecordHeader::kBytes);
   return ad;
 }
 inline std::string name(const BlockId& id) { return describe(id.key) + " version " + std::to_string(id.version); }
@@ -55,7 +55,7 @@ inline std::string name(const BlockId& id) { return describe(id.key) + " version
 /// which must be exactly record_bytes(payload.size()) bytes.
 /// Errc::invalid_argument (naming the block) for a wrong record size, a payload above
 /// layout.max_payload_bytes or a token count above layout.block_tokens.
-[[nodiscard]] inline Status seal_record(const RecordCipher& cipher, const BlockLayout& layout, const BlockId& id,
+[[nodiscard]] inline Status seal_record(const RecordCipher& cipher, const RecordLayout& layout, const BlockId& id,
                                         uint16_t token_count, std::span<const std::byte> payload,
                                         std::span<std::byte> record) {
   if (payload.size() > layout.max_payload_bytes)
@@ -69,11 +69,11 @@ inline std::string name(const BlockId& id) { return describe(id.key) + " version
     return fail(Errc::invalid_argument, detail::name(id) + ": record buffer of " + std::to_string(record.size()) +
                                             " bytes, need " + std::to_string(record_bytes(payload.size())));
   const auto header =
-      BlockHeader::make(layout, cipher.aead(), token_count, static_cast<uint32_t>(payload.size())).serialize();
+      RecordHeader::make(layout, cipher.aead(), token_count, static_cast<uint32_t>(payload.size())).serialize();
   std::memcpy(record.data(), header.data(), header.size());
   const auto ad = detail::record_ad(id, header);
-  cipher.seal(ad, payload, record.subspan(BlockHeader::kBytes).first<kNonceFieldBytes>(),
-              record.subspan(BlockHeader::kBytes + kNonceFieldBytes, payload.size()),
+  cipher.seal(ad, payload, record.subspan(RecordHeader::kBytes).first<kNonceFieldBytes>(),
+              record.subspan(RecordHeader::kBytes + kNonceFieldBytes, payload.size()),
               record.last<kTagBytes>());
   return {};
 }
@@ -86,7 +86,7 @@ inline std::string name(const BlockId& id) { return describe(id.key) + " version
 /// Errors name the block: Errc::corrupt_data (truncated record, bad header, other layout),
 /// Errc::auth_failed (tampered, swapped, replayed or foreign record), Errc::invalid_argument
 /// (`out` too small). On every error all of `out` is zeroed: no partial data is returned.
-[[nodiscard]] inline Result<OpenedRecord> open_record(const RecordCipher& cipher, const BlockLayout& layout,
+[[nodiscard]] inline Result<OpenedRecord> open_record(const RecordCipher& cipher, const RecordLayout& layout,
                                                       const BlockId& id, std::span<const std::byte> record,
                                                       std::span<std::byte> out) {
   auto bad = [&](Errc code, const std::string& what) -> Error {
@@ -95,7 +95,7 @@ inline std::string name(const BlockId& id) { return describe(id.key) + " version
   };
   if (record.size() < kRecordOverhead)
     return bad(Errc::corrupt_data, "record truncated to " + std::to_string(record.size()) + " bytes");
-  auto header = BlockHeader::parse(record);
+  auto header = RecordHeader::parse(record);
   if (!header) return bad(header.error().code, header.error().message);
   if (auto s = header->check(layout, cipher.aead()); !s) return bad(s.error().code, s.error().message);
   if (record.size() != record_bytes(header->payload_bytes))
@@ -104,9 +104,9 @@ inline std::string name(const BlockId& id) { return describe(id.key) + " version
   if (out.size() < header->payload_bytes)
     return bad(Errc::invalid_argument, "output of " + std::to_string(out.size()) + " bytes, payload has " +
                                            std::to_string(header->payload_bytes));
-  const auto ad = detail::record_ad(id, record.first<BlockHeader::kBytes>());
-  auto s = cipher.open(ad, record.subspan(BlockHeader::kBytes).first<kNonceFieldBytes>(),
-                       record.subspan(BlockHeader::kBytes + kNonceFieldBytes, header->payload_bytes),
+  const auto ad = detail::record_ad(id, record.first<RecordHeader::kBytes>());
+  auto s = cipher.open(ad, record.subspan(RecordHeader::kBytes).first<kNonceFieldBytes>(),
+                       record.subspan(RecordHeader::kBytes + kNonceFieldBytes, header->payload_bytes),
                        record.last<kTagBytes>(), out.first(header->payload_bytes));
   if (!s) return bad(s.error().code, s.error().message + " (tampered, swapped, replayed or foreign block)");
   return OpenedRecord{header->token_count, header->payload_bytes};

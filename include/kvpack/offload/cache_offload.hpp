@@ -17,7 +17,7 @@
 // Partially filled blocks, sinks and full-precision rows never move.
 //
 // Budget: `resident_budget_bytes` counts payload bytes of quantized blocks held in memory
-// (BlockLayout::bytes each): blocks the cache keeps itself (pinned layers, recent blocks, the
+// (kvpack::BlockLayout::bytes each): blocks the cache keeps itself (pinned layers, recent blocks, the
 // partially filled last block of every (layer, kv_head)) plus blocks in the store's hot tier.
 // The store's budget is the remainder, updated whenever the cache's own share changes; it is a
 // target, exceeded rather than failing while the current layer and the prefetch window are

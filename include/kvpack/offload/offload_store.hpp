@@ -13,7 +13,7 @@
 //   erase(key), pin_layer(l, on), flush(), metrics()
 //
 // Blocks are opaque byte payloads here (compress before offload); their layout is described
-// once by a BlockLayout and checked in every record header on restore.
+// once by a RecordLayout and checked in every record header on restore.
 //
 // Placement. The hot tier holds at most `resident_budget_bytes` of payload (a target: it is
 // exceeded, never failing a put, when every resident block is pinned, protected or in use,
@@ -79,7 +79,7 @@ enum class EvictionOrder {
 
 /// Configuration of an OffloadStore.
 struct StoreConfig {
-  BlockLayout layout;                            ///< checked on every restore
+  RecordLayout layout;                            ///< checked on every restore
   uint64_t resident_budget_bytes = UINT64_MAX;   ///< payload bytes the hot tier aims to hold
   std::optional<HostTier> host;                  ///< RAM tier of records, tried first
   std::optional<FileTier> file;                  ///< file tier, tried after the host tier
@@ -486,7 +486,7 @@ class OffloadStore {
   // ---- introspection -------------------------------------------------------------------
 
   [[nodiscard]] const CacheId& cache_id() const noexcept { return cache_; }
-  [[nodiscard]] const BlockLayout& layout() const noexcept { return cfg_.layout; }
+  [[nodiscard]] const RecordLayout& layout() const noexcept { return cfg_.layout; }
   /// Protection of records in encrypted tiers.
   [[nodiscard]] Aead aead() const noexcept { return enc_->aead(); }
   /// The data key wrapped by the KeyProvider's key (absent without a provider).

@@ -1,0 +1,122 @@
+// Inspection of a SequenceStore: decoding what a KV head holds (read_back) and counting bytes
+// (held and allocated). Read-only; offloaded blocks are fetched through the offload state.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "kvpack/cache/head_store.hpp"
+#include "kvpack/cache/shape.hpp"
+#include "kvpack/result.hpp"
+
+namespace kvpack {
+
+/// Decodes everything (layer li, KV head h) of `st` holds as attention reads it (the latest chunk
+/// aside), sorted by cache index. Errors: the fetch errors of off.hold for offloaded blocks.
+template <class St, class Offload>
+[[nodiscard]] Result<HeadContents> read_back_head(const St& st, const Offload& off, int li, int h) {
+  const auto& L = st.layer(li);
+  const auto& H = L.heads[static_cast<std::size_t>(h)];
+  const auto D = static_cast<std::size_t>(st.shape().head_dim);
+  const std::size_t stride = st.row_floats(), hoff = static_cast<std::size_t>(h) * D;
+  const int B = st.layout().tokens;
+  HeadContents c;
+  auto exact = [&](const float* ks, const float* vs, auto pos_at, std::int64_t n, std::int64_t first) {
+    for (std::int64_t t = 0; t < n; ++t) {
+      const std::size_t at = static_cast<std::size_t>(t) * stride + hoff;
+      c.k.insert(c.k.end(), ks + at, ks + at + D);
+      c.v.insert(c.v.end(), vs + at, vs + at + D);
+      c.positions.push_back(pos_at(t));
+      c.indices.push_back(first + t);
+    }
+  };
+  exact(L.sink_k.data(), L.sink_v.data(), [&](std::int64_t t) { return L.sink_pos[static_cast<std::size_t>(t)]; },
+        L.sinks_held, 0);
+  kernels::Scratch s;
+  s.ensure(1, st.shape().head_dim, B);
+  std::vector<std::pair<std::int64_t, std::size_t>> order;  // (cache index, row in tk/tv)
+  std::vector<float> tk, tv;
+  std::vector<std::int32_t> tp;
+  for (std::size_t bi = 0; bi < H.blocks.size(); ++bi) {
+    const auto& b = H.blocks[bi];
+    const std::byte* data = b.data.get();
+    typename Offload::handle held{};  // keeps an offloaded block's bytes alive below
+    if (!data) {
+      auto r = off.hold(li, h, static_cast<std::int64_t>(bi));
+      if (!r) return r.error();
+      held = std::move(r).value();
+      data = held.bytes().data();
+    }
+    St::codec::decode(st.layout(), data, b.header.flags, b.header.count, s);
+    const auto* pos = reinterpret_cast<const std::int32_t*>(data + st.layout().positions);
+    for (std::size_t t = 0; t < b.header.count; ++t) {
+      const std::size_t slot = bi * static_cast<std::size_t>(B) + t;
+      std::int64_t index = L.sinks_held + static_cast<std::int64_t>(slot);
+      if constexpr (St::evicts) {
+        if (H.slot_token[slot] < 0) continue;
+        index = H.slot_token[slot];
+      }
+      order.emplace_back(index, tp.size());
+      tk.insert(tk.end(), s.k_tile.begin() + static_cast<std::ptrdiff_t>(t * D), s.k_tile.begin() + static_cast<std::ptrdiff_t>((t + 1) * D));
+      tv.insert(tv.end(), s.v_tile.begin() + static_cast<std::ptrdiff_t>(t * D), s.v_tile.begin() + static_cast<std::ptrdiff_t>((t + 1) * D));
+      tp.push_back(pos[t]);
+    }
+  }
+  std::sort(order.begin(), order.end());
+  for (const auto& [index, r] : order) {
+    c.k.insert(c.k.end(), tk.begin() + static_cast<std::ptrdiff_t>(r * D), tk.begin() + static_cast<std::ptrdiff_t>((r + 1) * D));
+    c.v.insert(c.v.end(), tv.begin() + static_cast<std::ptrdiff_t>(r * D), tv.begin() + static_cast<std::ptrdiff_t>((r + 1) * D));
+    c.positions.push_back(tp[r]);
+    c.indices.push_back(index);
+  }
+  exact(L.pend.k(), L.pend.v(), [&](std::int64_t t) { return L.pend.position(t); }, L.pend.size(), L.total - L.pend.size());
+  return c;
+}
+
+/// Bytes of KV data `st` holds (KVCache::memory_bytes documents the count); `hook` adds its
+/// per-head bookkeeping and says which slots hold payload.
+template <class St, class Hook>
+[[nodiscard]] std::size_t held_bytes(const St& st, const Hook& hook) noexcept {
+  std::size_t total = 0;
+  const std::size_t fp_row = st.row_floats() * 2 * sizeof(float) + sizeof(std::int32_t);
+  const auto& BL = st.layout();
+  int li = 0;
+  for (const auto& L : st.layers()) {
+    int h = 0;
+    for (const auto& H : L.heads) {
+      if constexpr (St::evicts) {
+        total += hook.payload_slots(H) * BL.used_bytes(1) +
+                 H.blocks.size() * (sizeof(BlockHeader) + HeadStore::words_per_block(BL.tokens) * sizeof(std::uint64_t)) +
+                 H.slot_token.size() * (sizeof(std::int32_t) + sizeof(float)) +
+                 static_cast<std::size_t>(L.pend.size()) * sizeof(float) + hook.extra_bytes(li, h);
+      } else {
+        for (const auto& b : H.blocks) total += BL.used_bytes(b.header.count) + sizeof(BlockHeader);
+      }
+      ++h;
+    }
+    total += static_cast<std::size_t>(L.sinks_held + L.pend.size()) * fp_row;
+    ++li;
+  }
+  return total;
+}
+
+/// Bytes `st` and `hook` have allocated for KV data (blocks, buffer capacities, the latest chunk).
+template <class St, class Hook>
+[[nodiscard]] std::size_t allocated_bytes_of(const St& st, const Hook& hook) noexcept {
+  std::size_t total = hook.allocated_bytes();
+  for (const auto& L : st.layers()) {
+    for (const auto& H : L.heads)
+      total += H.blocks.size() * sizeof(BlockHeader) +
+               static_cast<std::size_t>(std::count_if(H.blocks.begin(), H.blocks.end(), [](const auto& b) { return b.data != nullptr; })) *
+                   st.layout().bytes +
+               H.valid.capacity() * sizeof(std::uint64_t) + (H.slot_token.capacity() + H.slot_score.capacity()) * 4;
+    total += (L.sink_k.capacity() + L.sink_v.capacity() + L.chunk_k.capacity() + L.chunk_v.capacity()) * sizeof(float) +
+             L.sink_pos.capacity() * sizeof(std::int32_t) + L.pend.allocated_bytes();
+  }
+  return total;
+}
+
+}  // namespace kvpack

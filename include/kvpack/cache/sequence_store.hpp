@@ -1,0 +1,250 @@
+// SequenceStore: everything one sequence's KV cache holds, per layer, and the token lifecycle
+// over it: appended tokens fill the fp32 sinks first, then the pending rows; commit() quantizes
+// the oldest pending tokens beyond the residual window into blocks, one commit unit at a time
+// (1 token, a per-channel key group, or a keyframe interval: the codec hook's unit), so codes
+// depend only on the tokens, never on how they were chunked (CASES C12). segments() describes a
+// KV head for the attention kernel (sinks, blocks, pending, the latest chunk, exact).
+//
+// Per-sequence state only: scratch lives in the caller's Workspace (cache/workspace.hpp), the
+// eviction policy's own state in its hook (eviction/), so a pool of sequences can hold many
+// SequenceStores and share one set of hooks' code.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvpack/cache/block.hpp"
+#include "kvpack/cache/head_store.hpp"
+#include "kvpack/cache/pending_rows.hpp"
+#include "kvpack/cache/shape.hpp"
+#include "kvpack/detail/secure_zero.hpp"
+#include "dispatch.hpp"
+
+namespace kvpack {
+
+/// Storage and token lifecycle of one sequence: Codec is a CodecHook, SinkTokens / ResidualTokens
+/// the Sinks<N> / Residual<R> counts, Evicts whether blocks hold reusable slots.
+template <class Codec, int SinkTokens, int ResidualTokens, bool Evicts>
+class SequenceStore {
+ public:
+  using codec = Codec;                                    ///< the CodecHook
+  static constexpr int sink_tokens = SinkTokens;          ///< Sinks<N>
+  static constexpr int residual_tokens = ResidualTokens;  ///< Residual<R>
+  static constexpr bool evicts = Evicts;                  ///< blocks hold reusable slots
+  /// One layer: fp32 sinks, pending rows, the exact copy of the latest append, and its KV heads.
+  struct Layer {
+    std::vector<float> sink_k, sink_v;  ///< [sinks_held][kv_heads][D]
+    std::vector<std::int32_t> sink_pos;
+    PendingRows pend;                   ///< [pending][kv_heads][D], oldest first
+    std::vector<float> chunk_k, chunk_v;  ///< exact copy of the latest append
+    std::vector<HeadStore> heads;       ///< [kv_head]
+    std::int64_t sinks_held = 0, committed = 0, total = 0, chunk_tokens = 0;
+  };
+
+  SequenceStore() = default;
+  SequenceStore(const ModelShape& shape, int block_tokens)
+      : shape_(shape),
+        layout_(make_block_layout<typename Codec::key_codec, typename Codec::value_codec, Codec::keys_per_channel>(
+            block_tokens, shape.head_dim)),
+        proto_(Codec::header(shape.head_dim)) {
+    reset();
+  }
+  SequenceStore(SequenceStore&& o) noexcept
+      : shape_(o.shape_), layout_(o.layout_), proto_(o.proto_), layers_(std::move(o.layers_)) {
+    o.layers_.clear();
+    o.shape_.layers = 0;
+  }
+  SequenceStore& operator=(SequenceStore&& o) noexcept {
+    if (this != &o) {
+      wipe();
+      shape_ = o.shape_, layout_ = o.layout_, proto_ = o.proto_, layers_ = std::move(o.layers_);
+      o.layers_.clear();
+      o.shape_.layers = 0;
+    }
+    return *this;
+  }
+  ~SequenceStore() { wipe(); }
+
+  [[nodiscard]] const ModelShape& shape() const noexcept { return shape_; }
+  [[nodiscard]] const BlockLayout& layout() const noexcept { return layout_; }
+  [[nodiscard]] const BlockHeader& proto() const noexcept { return proto_; }
+  [[nodiscard]] Layer& layer(int li) noexcept { return layers_[static_cast<std::size_t>(li)]; }
+  [[nodiscard]] const Layer& layer(int li) const noexcept { return layers_[static_cast<std::size_t>(li)]; }
+  [[nodiscard]] std::span<const Layer> layers() const noexcept { return layers_; }
+  [[nodiscard]] std::size_t row_floats() const noexcept {
+    return static_cast<std::size_t>(shape_.kv_heads) * static_cast<std::size_t>(shape_.head_dim);
+  }
+  /// Tokens the layer holds (the largest over KV heads).
+  [[nodiscard]] std::int64_t held(const Layer& L) const noexcept {
+    if constexpr (Evicts) {
+      std::int64_t live = 0;
+      for (const HeadStore& H : L.heads) live = std::max(live, H.live);
+      return L.sinks_held + live + L.pend.size();
+    } else {
+      return L.total;
+    }
+  }
+
+  /// Empties every layer (zeroing first) and sizes them for the shape.
+  void reset() {
+    wipe();
+    layers_.resize(static_cast<std::size_t>(shape_.layers));
+    for (Layer& L : layers_) {
+      L.heads.resize(static_cast<std::size_t>(shape_.kv_heads));
+      L.pend.configure(row_floats(), Evicts ? static_cast<std::size_t>(shape_.kv_heads) : 0);
+    }
+  }
+
+  /// Stores n appended tokens (k, v: [n][kv_heads][D]; pos: [n]): sinks first, then pending;
+  /// keeps an exact copy as the latest chunk.
+  void push(Layer& L, std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> pos) {
+    const auto n = static_cast<std::int64_t>(pos.size());
+    const std::size_t row = row_floats();
+    L.chunk_k.assign(k.begin(), k.end());
+    L.chunk_v.assign(v.begin(), v.end());
+    L.chunk_tokens = n;
+    std::int64_t t = 0;
+    for (; t < n && L.sinks_held < SinkTokens; ++t, ++L.sinks_held) {
+      L.sink_k.insert(L.sink_k.end(), k.begin() + t * row, k.begin() + (t + 1) * row);
+      L.sink_v.insert(L.sink_v.end(), v.begin() + t * row, v.begin() + (t + 1) * row);
+      L.sink_pos.push_back(pos[static_cast<std::size_t>(t)]);
+    }
+    if (t < n) L.pend.push(k.data() + t * row, v.data() + t * row, pos.data() + t, static_cast<std::size_t>(n - t));
+    L.total += n;
+  }
+
+  /// Quantizes the oldest pending tokens of layer li beyond max(residual, hook.keep_exact) into
+  /// blocks, in whole commit units. With eviction, each token takes a slot (hook.on_commit) and
+  /// the hook enforces its budget after every slot, so a long prefill reuses slots instead of
+  /// growing past the budget. Returns whether anything was committed.
+  template <class Hook>
+  bool commit(int li, Hook& hook) {
+    Layer& L = layer(li);
+    constexpr std::int64_t unit = Codec::commit_unit;
+    const int B = layout_.tokens;
+    const std::int64_t pending = L.pend.size();
+    const std::int64_t keep = std::max<std::int64_t>(ResidualTokens, hook.keep_exact(*this, li));
+    const std::int64_t n_commit = (pending - keep) / unit * unit;
+    if (n_commit <= 0) return false;
+    const auto stride = static_cast<std::ptrdiff_t>(row_floats());
+    const std::int64_t first_index = L.total - pending;
+    for (std::int64_t t0 = 0; t0 < n_commit; t0 += unit) {
+      for (int h = 0; h < shape_.kv_heads; ++h) {
+        HeadStore& H = L.heads[static_cast<std::size_t>(h)];
+        std::int64_t slot;
+        if constexpr (Evicts) {
+          slot = H.take_slot(layout_, proto_);
+          H.fill_slot(slot, first_index + t0, L.pend.score(t0, h), B);
+          hook.on_commit(*this, li, h, slot, first_index + t0);
+        } else {
+          slot = L.committed;
+          if (slot % B == 0) H.blocks.push_back(make_block(layout_, proto_));
+        }
+        Block& b = H.blocks[static_cast<std::size_t>(slot / B)];
+        const auto off = static_cast<std::size_t>(slot % B);
+        const std::ptrdiff_t at = t0 * stride + static_cast<std::ptrdiff_t>(h) * shape_.head_dim;
+        Codec::encode(layout_, b, off, L.pend.k() + at, L.pend.v() + at, stride, L.pend.positions() + t0);
+        if (!Evicts || off + static_cast<std::size_t>(unit) > b.header.count)
+          b.header.count = static_cast<std::uint16_t>(std::max<std::size_t>(b.header.count, off + static_cast<std::size_t>(unit)));
+        ++b.header.version;
+        if constexpr (Evicts) hook.enforce(*this, li, h, pending - (t0 + unit));
+      }
+      L.committed += unit;
+    }
+    L.pend.drop_front(n_commit);
+    return true;
+  }
+
+  /// Kernel arguments for the n_q newest queries of layer L (GQA group `group`).
+  [[nodiscard]] kernels::AttendArgs args_for(const Layer& L, const float* q, float* out, std::int64_t n_q,
+                                             int group) const noexcept {
+    kernels::AttendArgs a;
+    a.head_dim = shape_.head_dim;
+    a.group = group;
+    a.n_q = static_cast<int>(n_q);
+    a.q_first = L.total - n_q;
+    a.scale = shape_.attn_scale > 0.f ? shape_.attn_scale : 1.f / std::sqrt(static_cast<float>(shape_.head_dim));
+    a.q = q;
+    a.q_stride = static_cast<std::int64_t>(shape_.q_heads) * shape_.head_dim;
+    a.out = out;
+    a.out_stride = a.q_stride;
+    return a;
+  }
+
+  /// Segments of KV head h of layer li: sinks, blocks, pending before the latest chunk, and the
+  /// latest chunk (exact). Block refs go to `refs` (cleared first). With eviction, a block is read
+  /// iff hook.block_visible; a block whose payload was handed to an offload store (null data) is
+  /// read through off.view(h, block) (pinned by the offload state's begin_attend).
+  template <class Hook, class Offload>
+  [[nodiscard]] kernels::HeadSegments segments(int li, int h, const Hook& hook, const Offload& off,
+                                               std::vector<kernels::BlockRef>& refs) const {
+    const Layer& L = layer(li);
+    const std::int64_t stride = static_cast<std::int64_t>(row_floats());
+    const std::int64_t hoff = static_cast<std::int64_t>(h) * shape_.head_dim;
+    const std::int64_t chunk_start = L.total - L.chunk_tokens;
+    const int B = layout_.tokens;
+    const HeadStore& H = L.heads[static_cast<std::size_t>(h)];
+    auto rows = [&](const float* base, std::int64_t first_row) -> const float* {
+      return base ? base + first_row * stride + hoff : nullptr;  // no arithmetic on an empty buffer
+    };
+    kernels::HeadSegments seg;
+    seg.sinks = {rows(L.sink_k.empty() ? nullptr : L.sink_k.data(), 0), rows(L.sink_v.empty() ? nullptr : L.sink_v.data(), 0),
+                 stride, 0, L.sinks_held};
+    refs.clear();
+    if constexpr (Evicts) {
+      const std::int64_t n_slots = H.slots();
+      const std::size_t w = HeadStore::words_per_block(B);
+      for (std::size_t b = 0; b < H.blocks.size(); ++b) {
+        const std::int64_t count =
+            hook.block_visible(*this, li, h, b) ? std::min<std::int64_t>(B, n_slots - static_cast<std::int64_t>(b) * B) : 0;
+        refs.push_back({H.blocks[b].data.get(), 0, static_cast<int>(count), H.valid.data() + b * w});  // 0: unread
+      }
+    } else {
+      for (const Block& b : H.blocks) {
+        const std::int64_t first = L.sinks_held + static_cast<std::int64_t>(refs.size()) * B;
+        const std::int64_t count = std::min<std::int64_t>(b.header.count, chunk_start - first);
+        if (count <= 0) break;
+        const std::byte* data = b.data ? b.data.get() : off.view(h, refs.size());
+        refs.push_back({data, first, static_cast<int>(count), nullptr, b.header.flags});
+      }
+    }
+    seg.blocks = refs;
+    const std::int64_t pend_n = L.pend.size(), pend_first = L.total - pend_n;
+    const std::int64_t pend_count = std::max<std::int64_t>(0, chunk_start - pend_first);
+    seg.pending = {rows(L.pend.k(), 0), rows(L.pend.v(), 0), stride, pend_first, std::min(pend_count, pend_n)};
+    const std::int64_t chunk_first = std::max<std::int64_t>(chunk_start, L.sinks_held);
+    const std::int64_t skip = chunk_first - chunk_start;
+    seg.chunk = {rows(L.chunk_k.empty() ? nullptr : L.chunk_k.data(), skip),
+                 rows(L.chunk_v.empty() ? nullptr : L.chunk_v.data(), skip), stride, chunk_first, L.total - chunk_first};
+    return seg;
+  }
+
+  /// Key ordinals of `seg` (the length of an AttendArgs::key_mass array for it).
+  [[nodiscard]] std::int64_t ordinals(const kernels::HeadSegments& seg) const noexcept {
+    return seg.sinks.count + static_cast<std::int64_t>(seg.blocks.size()) * layout_.tokens + seg.pending.count +
+           seg.chunk.count;
+  }
+
+  /// Zeroes every byte held and releases the layers.
+  void wipe() noexcept {
+    for (Layer& L : layers_) {
+      for (HeadStore& H : L.heads) H.zero_blocks(layout_.bytes);
+      for (auto* v : {&L.sink_k, &L.sink_v, &L.chunk_k, &L.chunk_v}) detail::wipe_vector(*v);
+      detail::wipe_vector(L.sink_pos);
+      L.pend.wipe();
+    }
+    layers_.clear();
+  }
+
+ private:
+  ModelShape shape_;
+  BlockLayout layout_;
+  BlockHeader proto_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace kvpack

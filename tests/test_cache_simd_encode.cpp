@@ -1,0 +1,76 @@
+// Quantize-on-commit through the backend's SIMD quantizer (cache/role_codec.hpp encode_row_on):
+// a cache on the build's best backend (AVX2 or NEON where compiled) stores block bytes identical
+// to the same cache on Backend<Scalar>, whose encode_row is the oracle, for every integer codec
+// and odd token counts (1, 31, 33, 95), with outliers, constant groups and chunked appends.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "kvpack/kvpack.hpp"
+#include "support/reference.hpp"
+
+namespace {
+
+using namespace kvpack;  // NOLINT: test file
+
+constexpr int kSimdEncD = 64;
+
+template <class K, class V>
+struct SimdEncPair {
+  using best = KVCache<Keys<K>, Values<V>, Blocks<32>>;
+  using oracle = KVCache<Keys<K>, Values<V>, Blocks<32>, Backend<Scalar>>;
+};
+
+using SimdEncTypes = ::testing::Types<SimdEncPair<Int8<Group<32>>, Int8<Group<32>>>, SimdEncPair<Int4<Group<32>>, Int4<Group<32>>>,
+                                      SimdEncPair<Int8<Group<32>>, Int4<Group<32>>>, SimdEncPair<Int4<Group<64>>, Int4<Group<64>>>,
+                                      SimdEncPair<Int8<Group<32>, Asymmetric>, Int4<Group<32>, Symmetric>>, SimdEncPair<Fp8E4M3<Group<32>>, Fp16>>;
+
+template <class T>
+class CacheSimdEncode : public ::testing::Test {};
+TYPED_TEST_SUITE(CacheSimdEncode, SimdEncTypes);
+
+// Rows with outliers, a constant group and an all-zero group mixed into N(0,1) data.
+std::vector<float> simd_enc_rows(int tokens, int kv_heads, uint32_t seed) {
+  auto x = kvtest::normal(static_cast<size_t>(tokens) * kv_heads * kSimdEncD, seed);
+  for (size_t i = 0; i < x.size(); i += 37) x[i] *= 40.f;                                 // outliers
+  for (size_t i = 0; i + 32 <= x.size(); i += 32 * 7) std::fill_n(x.begin() + i, 32, 0.75f);  // constant groups
+  for (size_t i = 64; i + 32 <= x.size(); i += 32 * 11) std::fill_n(x.begin() + i, 32, 0.f);  // zero groups
+  return x;
+}
+
+TYPED_TEST(CacheSimdEncode, BlockBytesEqualTheScalarOracle) {
+  using Best = typename TypeParam::best;
+  using Oracle = typename TypeParam::oracle;
+#if KVPACK_HAS_AVX2 || KVPACK_HAS_NEON
+  static_assert(!std::is_same_v<typename Best::backend_tag, Scalar>, "the SIMD backend must be the one under test");
+#endif
+  const ModelShape shape{.layers = 1, .q_heads = 2, .kv_heads = 2, .head_dim = kSimdEncD, .max_tokens = 256};
+  for (int n : {1, 31, 33, 95}) {
+    auto best = Best::create(shape).value();
+    auto oracle = Oracle::create(shape).value();
+    const auto k = simd_enc_rows(n, 2, 11u + static_cast<uint32_t>(n)), v = simd_enc_rows(n, 2, 77u + static_cast<uint32_t>(n));
+    const auto pos = kvtest::iota_positions(0, n);
+    // Chunks of 7 (and the rest): codes must not depend on chunking either.
+    for (int t0 = 0; t0 < n; t0 += 7) {
+      const int m = std::min(7, n - t0);
+      const size_t row = 2 * kSimdEncD;
+      const std::span<const float> ks(k.data() + t0 * row, m * row), vs(v.data() + t0 * row, m * row);
+      const std::span<const int32_t> ps(pos.data() + t0, static_cast<size_t>(m));
+      ASSERT_TRUE(best.append(0, ks, vs, ps));
+      ASSERT_TRUE(oracle.append(0, ks, vs, ps));
+    }
+    ASSERT_EQ(best.quantized_tokens(0), n);
+    for (int h = 0; h < 2; ++h) {
+      const auto a = best.blocks(0, h), b = oracle.blocks(0, h);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        ASSERT_EQ(a[i].header.count, b[i].header.count);
+        EXPECT_EQ(std::memcmp(a[i].data.get(), b[i].data.get(), best.block_layout().bytes), 0)
+            << "n " << n << " head " << h << " block " << i;
+      }
+    }
+  }
+}
+
+}  // namespace
