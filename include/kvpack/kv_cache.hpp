@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kvpack/cache/block.hpp"
+#include "kvpack/cache/block_import.hpp"
 #include "kvpack/cache/codec_hook.hpp"
 #include "kvpack/cache/inspect.hpp"
 #include "kvpack/cache/offload_hooks.hpp"
@@ -279,41 +280,12 @@ class KVCache {
   /// partial block, a negative stored position; Errc::capacity_exceeded past max_tokens. Nothing
   /// changes on error.
   Status import_block(int layer, std::span<const std::byte> payloads) {
-    if constexpr (evicts || any_keyframe || sink_tokens > 0 || offloads) {
+    if constexpr (evicts || codec_hook::interval_blocks || sink_tokens > 0 || offloads) {
       (void)layer, (void)payloads;
       return fail(Errc::unsupported, "import_block: only caches without eviction, keyframes, sinks or offload");
     } else {
-      const auto bad = [&](std::string m) {
-        return fail(Errc::invalid_argument, "import_block: layer " + std::to_string(layer) + ": " + std::move(m));
-      };
-      if (layer < 0 || layer >= shape_.layers) return bad("out of range");
-      const std::size_t bytes = layout_.bytes, heads = static_cast<std::size_t>(shape_.kv_heads);
-      if (payloads.size() != heads * bytes)
-        return bad(std::to_string(payloads.size()) + " bytes, expected kv_heads * block bytes = " + std::to_string(heads * bytes));
-      Layer& L = layers_[static_cast<std::size_t>(layer)];
-      if (!L.pend_pos.empty() || L.committed != L.total || L.committed % block_tokens != 0)
-        return bad("holds pending tokens or a partial block");
-      if (L.total + block_tokens > shape_.max_tokens)
-        return fail(Errc::capacity_exceeded, "import_block: layer " + std::to_string(layer) + " would exceed max_tokens");
-      for (std::size_t h = 0; h < heads; ++h)
-        for (int t = 0; t < block_tokens; ++t) {
-          std::int32_t p;
-          std::memcpy(&p, payloads.data() + h * bytes + layout_.positions + static_cast<std::size_t>(t) * sizeof p, sizeof p);
-          if (p < 0) return bad("negative position in the imported block");
-        }
-      for (std::size_t h = 0; h < heads; ++h) {
-        Block b = new_block();
-        std::memcpy(b.data.get(), payloads.data() + h * bytes, bytes);
-        b.header.count = static_cast<std::uint16_t>(block_tokens);
-        b.header.version = 1;
-        L.heads[h].blocks.push_back(std::move(b));
-      }
-      detail::wipe_vector(L.chunk_k);  // the latest append is no longer the newest tokens
-      detail::wipe_vector(L.chunk_v);
-      L.chunk_tokens = 0;
-      L.committed += block_tokens;
-      L.total += block_tokens;
-      return {};
+      if (Status s = check_layer("import_block", layer); !s) return s;
+      return import_full_block(store_, layer, payloads);
     }
   }
 

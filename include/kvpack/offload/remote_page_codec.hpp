@@ -39,7 +39,7 @@ class PageSealer {
   /// `keys` gives the shared secret; `layout` is the cache's block layout (cache_layout.hpp
   /// layout_for); `encrypt` false: Aead::none (authenticated, payload in clear). Errors: the key
   /// provider's, Errc::invalid_argument for an invalid layout.
-  [[nodiscard]] static Result<PageSealer> create(const KeyProvider& keys, const BlockLayout& layout, bool encrypt = true) {
+  [[nodiscard]] static Result<PageSealer> create(const KeyProvider& keys, const RecordLayout& layout, bool encrypt = true) {
     if (auto s = layout.validate(); !s) return s.error();
     auto kek = keys.key_encryption_key();
     if (!kek) return kek.error();
@@ -58,7 +58,7 @@ class PageSealer {
   /// Protection of every record (XChaCha20-Poly1305 or none).
   [[nodiscard]] Aead aead() const noexcept { return cipher_.aead(); }
   /// The layout pages are checked against.
-  [[nodiscard]] const BlockLayout& layout() const noexcept { return layout_; }
+  [[nodiscard]] const RecordLayout& layout() const noexcept { return layout_; }
   /// Bytes of one sealed page: max_payload_bytes + kRecordOverhead (72).
   [[nodiscard]] std::size_t record_size() const noexcept { return record_bytes(layout_.max_payload_bytes); }
 
@@ -88,7 +88,7 @@ class PageSealer {
   }
 
  private:
-  PageSealer(RecordCipher c, const BlockLayout& l) : cipher_(std::move(c)), layout_(l) {}
+  PageSealer(RecordCipher c, const RecordLayout& l) : cipher_(std::move(c)), layout_(l) {}
 
   static BlockId id_of(const PageDigest& key, const PageCoord& at) {
     BlockId id;
@@ -99,7 +99,7 @@ class PageSealer {
   }
 
   RecordCipher cipher_;
-  BlockLayout layout_;
+  RecordLayout layout_;
 };
 
 }  // namespace kvpack::offload

@@ -109,7 +109,7 @@ struct PageCoord {
 
 /// The content address of page `at` whose prefix digest is `prefix` (covering the prefix up to
 /// the page's end), stored with `layout` under protection `aead`. See the top of this file.
-[[nodiscard]] inline PageDigest page_key(const PageDigest& prefix, const PageCoord& at, const BlockLayout& layout,
+[[nodiscard]] inline PageDigest page_key(const PageDigest& prefix, const PageCoord& at, const RecordLayout& layout,
                                          Aead aead) {
   static constexpr char tag[] = "kvpack-page-v1";
   detail::PageHasher h;

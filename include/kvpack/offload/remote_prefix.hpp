@@ -54,7 +54,7 @@ struct PrefixPublishReport {
 /// Publishes and imports the prefix pages of caches of type `Cache` through one RemoteTier.
 template <class Cache>
 class RemotePrefixShare {
-  static_assert(!Cache::evicts && !Cache::any_keyframe && Cache::sink_tokens == 0 && !Cache::offloads,
+  static_assert(!Cache::evicts && !Cache::codec_hook::interval_blocks && Cache::sink_tokens == 0 && !Cache::offloads,
                 "kvpack::offload::RemotePrefixShare<Cache>: the cache must have no eviction, keyframe codec, "
                 "Sinks<> or Offload<> (block b must hold exactly tokens [b*B, (b+1)*B))");
 
