@@ -111,3 +111,72 @@ function(kvpack_add_model_test)
     SKIP_RETURN_CODE ${KVPACK_SKIP_RETURN_CODE}
     TIMEOUT ${arg_TIMEOUT})
 endfunction()
+
+# kvpack_add_gtest_group(<name> SOURCES <test_x.cpp>... [LABEL unit|tsan] [LIBRARIES <lib>...])
+#
+# Several GoogleTest files compiled into ONE executable <name>, as a unity build (CMake's
+# UNITY_BUILD: the files are #included into batches of KVPACK_TEST_UNITY_BATCH, so the headers
+# are parsed and their templates instantiated and optimised once per batch rather than once per
+# file, which is most of the compile time of this header-only library). Its ctest tests keep
+# the names they had with one executable per file, "<file stem>.<Suite>.<Test>" (discovered at
+# ctest time from GoogleTest's JSON list, which records each test's source file:
+# cmake/kvpackDiscoverTests.cmake). For each source test_x.cpp there is also
+#   - a target test_x that builds the group (so `cmake --build ... --target test_x` works), and
+#   - a link <build>/tests/test_x -> <name>, which runs only the tests of test_x.cpp
+#     (tests/support/grouped_main.cpp).
+# Files in one batch share one translation unit: their anonymous-namespace names must differ.
+set(KVPACK_TEST_UNITY_BATCH 8 CACHE STRING "tests/test_*.cpp per unity translation unit")
+function(kvpack_add_gtest_group name)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "LABEL" "SOURCES;LIBRARIES")
+  if(NOT arg_LABEL)
+    set(arg_LABEL unit)
+  endif()
+  if(NOT arg_LABEL MATCHES "^(unit|tsan)$")
+    message(FATAL_ERROR "kvpack_add_gtest_group(${name}): LABEL must be unit or tsan")
+  endif()
+  if(NOT TARGET kvpack_grouped_main)   # main() of every group, compiled once
+    add_library(kvpack_grouped_main STATIC ${PROJECT_SOURCE_DIR}/tests/support/grouped_main.cpp)
+    target_link_libraries(kvpack_grouped_main PUBLIC GTest::gtest Threads::Threads PRIVATE kvpack_warnings)
+  endif()
+  add_executable(${name} ${arg_SOURCES})
+  set_target_properties(${name} PROPERTIES
+    UNITY_BUILD ON UNITY_BUILD_MODE BATCH UNITY_BUILD_BATCH_SIZE ${KVPACK_TEST_UNITY_BATCH})
+  target_link_libraries(${name} PRIVATE kvpack::kvpack kvpack_warnings kvpack_grouped_main ${arg_LIBRARIES})
+  if(arg_LABEL STREQUAL "tsan")
+    add_dependencies(kvpack_tsan_tests ${name})
+  endif()
+
+  # Per-file names: a target that builds the group and a link that runs the file's tests.
+  set(links "")
+  foreach(src IN LISTS arg_SOURCES)
+    get_filename_component(stem ${src} NAME_WE)
+    add_custom_target(${stem} DEPENDS ${name})
+    list(APPEND links COMMAND ${CMAKE_COMMAND} -E create_symlink $<TARGET_FILE_NAME:${name}>
+                              $<TARGET_FILE_DIR:${name}>/${stem})
+  endforeach()
+  add_custom_command(TARGET ${name} POST_BUILD ${links} VERBATIM)
+
+  # ctest-time discovery (like gtest_discover_tests' PRE_TEST mode), named after the files.
+  set(ctest_file "${CMAKE_CURRENT_BINARY_DIR}/${name}_tests.cmake")
+  set(include_file "${CMAKE_CURRENT_BINARY_DIR}/${name}_include.cmake")
+  get_property(emulator TARGET ${name} PROPERTY CROSSCOMPILING_EMULATOR)
+  file(GENERATE OUTPUT "${include_file}" CONTENT
+"set(_kvpack_exe [==[$<TARGET_FILE:${name}>]==])
+if(EXISTS \"\${_kvpack_exe}\")
+  if(NOT EXISTS [==[${ctest_file}]==] OR NOT [==[${ctest_file}]==] IS_NEWER_THAN \"\${_kvpack_exe}\"
+     OR NOT [==[${ctest_file}]==] IS_NEWER_THAN \"\${CMAKE_CURRENT_LIST_FILE}\")
+    set(_kvpack_emulator [==[${emulator}]==])
+    set(_kvpack_workdir [==[${CMAKE_CURRENT_BINARY_DIR}]==])
+    set(_kvpack_properties [==[LABELS;${arg_LABEL}]==])
+    set(_kvpack_timeout 120)
+    set(_kvpack_ctest_file [==[${ctest_file}]==])
+    include([==[${PROJECT_SOURCE_DIR}/cmake/kvpackDiscoverTests.cmake]==])
+    kvpack_discover_tests()
+  endif()
+  include([==[${ctest_file}]==])
+else()
+  add_test(${name}_NOT_BUILT ${name}_NOT_BUILT)
+endif()
+")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${include_file}")
+endfunction()

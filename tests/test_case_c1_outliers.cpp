@@ -31,6 +31,7 @@
 #include "kvpack/kv_cache.hpp"
 #include "support/codec_bounds.hpp"
 
+namespace test_case_c1_outliers {  // own scope: compiled in one unity file with other tests
 namespace {
 
 using namespace kvpack;  // NOLINT: test file
@@ -367,3 +368,4 @@ TYPED_TEST(C1ThroughKVCache, NoNonFiniteAnywhereAndBoundsHold) {
 }
 
 }  // namespace
+}  // namespace test_case_c1_outliers

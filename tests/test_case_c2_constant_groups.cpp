@@ -25,6 +25,7 @@
 #include "kvpack/codec/rows.hpp"
 #include "support/codec_bounds.hpp"
 
+namespace test_case_c2_constant_groups {  // own scope: compiled in one unity file with other tests
 namespace {
 
 using namespace kvpack;  // NOLINT: test file
@@ -242,3 +243,4 @@ TYPED_TEST(C2ConstantGroups, TinyValuesFiniteWithinHalfStepNoFlush) {
 }
 
 }  // namespace
+}  // namespace test_case_c2_constant_groups

@@ -25,6 +25,7 @@
 #include "kvpack/codec/rows.hpp"
 #include "support/codec_bounds.hpp"
 
+namespace test_case_c3_fp8_codec {  // own scope: compiled in one unity file with other tests
 namespace {
 
 using namespace kvpack;  // NOLINT: test file
@@ -232,3 +233,4 @@ TYPED_TEST(C3Fp8Codec, Amax1e5ReconstructsWithinRelativeBoundPerChannel) {
 }
 
 }  // namespace
+}  // namespace test_case_c3_fp8_codec

@@ -11,6 +11,7 @@
 #include "kvpack/kvpack.hpp"
 #include "support/eviction_check.hpp"
 
+namespace test_eviction_h2o {  // own scope: compiled in one unity file with other tests
 namespace {
 
 using namespace kvpack;  // NOLINT: test file
@@ -88,3 +89,4 @@ TEST(H2OAttention, EvictingQuantizedCacheMatchesRef64OverHeldRows) {
 }
 
 }  // namespace
+}  // namespace test_eviction_h2o

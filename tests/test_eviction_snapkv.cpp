@@ -7,6 +7,7 @@
 #include "kvpack/kvpack.hpp"
 #include "support/eviction_check.hpp"
 
+namespace test_eviction_snapkv {  // own scope: compiled in one unity file with other tests
 namespace {
 
 using namespace kvpack;  // NOLINT: test file
@@ -200,3 +201,4 @@ TEST(SnapKV, ObservationWindowSpanningTwoChunksIsCausal) {
 }
 
 }  // namespace
+}  // namespace test_eviction_snapkv

@@ -22,6 +22,7 @@ using ko::testing::kC11PayloadBytes;
 using ko::testing::random_payload;
 using ko::testing::TempDir;
 
+namespace test_offload_store {  // own scope: compiled in one unity file with other tests
 namespace {
 
 constexpr uint64_t kBlock = kC11PayloadBytes;
@@ -545,3 +546,4 @@ TEST(OffloadStoreFaults, FaultAtEveryIoCallLosesNothing) {
 
 // CASES C2's offload round trip (constant groups exact after restore) and C11 with real encoded
 // INT4 blocks: test_offload_codec.cpp.
+}  // namespace test_offload_store

@@ -12,6 +12,7 @@
 #include <kvpack/plan/candidates.hpp>
 #include <kvpack/plan/layered_cache.hpp>
 
+namespace test_plan_layered_cache {  // own scope: compiled in one unity file with other tests
 namespace {
 
 using namespace kvpack;  // NOLINT: test file
@@ -365,3 +366,4 @@ TEST(LayeredCache, StandardSetInt8BudgetCandidates) {
 }
 
 }  // namespace
+}  // namespace test_plan_layered_cache

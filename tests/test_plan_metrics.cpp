@@ -17,6 +17,7 @@
 #include <kvpack/plan/candidates.hpp>
 #include <kvpack/plan/metrics.hpp>
 
+namespace test_plan_metrics {  // own scope: compiled in one unity file with other tests
 namespace {
 
 using kvpack::plan::CacheMetrics;
@@ -210,3 +211,4 @@ TEST(Metrics, LayeredCacheCounters) {
 }
 
 }  // namespace
+}  // namespace test_plan_metrics
