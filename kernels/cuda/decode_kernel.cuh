@@ -127,7 +127,7 @@ __device__ __forceinline__ void load_group(const float* src, float* out) {
 
 /// Split pass. KC, VC: the cache codecs; B tokens per block; D = head_dim; GMAX: query heads per CTA.
 template <class KC, class VC, int B, int D, int GMAX>
-__global__ void __launch_bounds__(kDecodeThreads, kDecodeMinCtasPerSm) decode_split_kernel(const DecodeArgs a) {
+__global__ void __launch_bounds__(kDecodeThreads, decode_min_ctas_per_sm(GMAX)) decode_split_kernel(const DecodeArgs a) {
   using DK = DeviceCodec<KC>;
   using DV = DeviceCodec<VC>;
   using M = DecodeMapping<B, D>;
