@@ -3,7 +3,8 @@
 #
 #   1. builds only the CUDA targets for the GPU found (nvidia-smi's compute capability, e.g.
 #      sm_90 on an H100/H200; override with KVPACK_CUDA_ARCH=80): the CUDA test executables
-#      (tests/cuda/*.cu) and the host test of the __host__ __device__ helpers through CMake, and
+#      (tests/cuda/*.cu) and the host tests of the __host__ __device__ helpers and the decode plan
+#      (test_cuda_helpers, test_cuda_decode_plan) through CMake, and
 #      the decode benchmark (bench/cuda/decode_bench.cu) directly with nvcc, in parallel;
 #   2. runs the CUDA tests (ctest -L cuda: decode vs the CPU scalar kernel to 1e-5 relative,
 #      device quantizer bit-identical to the host, unpacker on every byte) and test_cuda_helpers;
@@ -94,7 +95,7 @@ if [ "$cmake_ok" = 1 ]; then
        -DCMAKE_CUDA_ARCHITECTURES="$arch-real" -DCMAKE_CUDA_HOST_COMPILER="$host_cxx" \
        -DCMAKE_CXX_COMPILER="$host_cxx" -DKVPACK_BUILD_BENCH=OFF -DKVPACK_BUILD_EXAMPLES=OFF \
        -DKVPACK_INSTALL=OFF "${gtest_flags[@]}" "${launcher[@]}" >"$logs/configure.log" 2>&1 &&
-     timeout 420 cmake --build "$build/cmake" --target kvpack_cuda_all test_cuda_helpers -j "$jobs" \
+     timeout 420 cmake --build "$build/cmake" --target kvpack_cuda_all test_cuda_helpers test_cuda_decode_plan -j "$jobs" \
        >"$logs/build.log" 2>&1; then
     status_build="ok ($(( $(date +%s) - t0 )) s)"
   else
@@ -119,13 +120,16 @@ if [[ $status_build == ok* ]]; then
     status_tests="SKIPPED (exit 77: no usable CUDA device; $logs/ctest.log)"
     fail=1
   fi
-  helpers=$(find "$build/cmake" -name test_cuda_helpers -type f -perm -u+x | head -n 1)
-  if [ -n "$helpers" ] && "$helpers" >"$logs/helpers.log" 2>&1; then
-    status_helpers="ok ($(grep -E '^\[  PASSED' "$logs/helpers.log"))"
-  else
-    status_helpers="FAILED ($logs/helpers.log)"
-    fail=1
-  fi
+  status_helpers=""
+  for host_test in test_cuda_helpers test_cuda_decode_plan; do
+    exe=$(find "$build/cmake" -name "$host_test" -type f -perm -u+x | head -n 1)
+    if [ -n "$exe" ] && "$exe" >"$logs/$host_test.log" 2>&1; then
+      status_helpers+="$host_test ok ($(grep -E '^\[  PASSED' "$logs/$host_test.log")); "
+    else
+      status_helpers+="$host_test FAILED ($logs/$host_test.log); "
+      fail=1
+    fi
+  done
 fi
 
 # ---- benchmark run --------------------------------------------------------------------------

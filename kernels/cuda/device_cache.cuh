@@ -1,17 +1,26 @@
 // kvpack::cuda::DeviceCache<HostCache>: quantized KV blocks of one sequence in device memory,
 // with the device quantizer (append), split-K flash-decoding (decode), upload from and byte-wise
 // comparison with a host KVCache. Every CUDA call is checked; errors come back as kvpack::Status /
-// kvpack::Result (include/kvpack/result.hpp), never as exceptions.
+// kvpack::Result (include/kvpack/result.hpp), never as exceptions (mapping: device_memory.cuh).
 //
-// Error mapping (CUDA has no kvpack category of its own):
-//   no device / no driver / unsupported architecture  -> Errc::unsupported
-//   out of device memory                              -> Errc::capacity_exceeded
-//   any other CUDA error                              -> Errc::io_error
-// The message names the failing call and cudaGetErrorName / cudaGetErrorString of the error.
+// Ordering contract (what makes a decode step capturable in a CUDA graph):
+//  * create() allocates everything, including the decode scratch for the largest split count the
+//    shape allows; append() and decode() then only ENQUEUE work on the cache's stream: no host
+//    synchronisation, no allocation, no host-side wait for a result.
+//  * Token counts live in device memory: append's kernels read and advance them, decode reads
+//    them. Work is ordered by the stream; the caller orders other streams with events.
+//  * Errors found on the device (NaN/Inf in K or V, capacity) are recorded in device memory and
+//    are sticky, like a CUDA error: the failing append and every later append write nothing
+//    until check() reads, reports and clears the error (as cudaGetLastError). Launch errors are
+//    returned at once. tokens() is the host's count of what was enqueued; check() replaces it by
+//    the device's.
+//  * In a captured graph the launch parameters are frozen: pass DecodeOptions::splits (a fixed
+//    grid) and the same buffers each replay; the token counts are read on the device.
+//  * upload(), set_valid(), block_bytes(), compare() and check() synchronise (host buffers).
 //
-// Status: compiles with nvcc 13 for sm_80 / sm_90 + PTX, warning-free; tested on the host where
-// possible (tests/test_cuda_helpers.cpp); the device tests (tests/cuda/) and the benchmark
-// (bench/cuda/) have NOT yet run on a GPU (see README "CUDA").
+// Status: compiles with nvcc 13 for sm_80 / sm_90 + PTX, warning-free; the host-side plan,
+// mapping and unpacking are tested on the host (tests/test_cuda_helpers.cpp); the device tests
+// (tests/cuda/) and the benchmark (bench/cuda/) have NOT yet run on a GPU (see README "CUDA").
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -32,47 +41,26 @@
 #include <vector>
 
 #include "cuda/attention.cuh"
+#include "cuda/decode_launch.cuh"
+#include "cuda/decode_plan.cuh"
+#include "cuda/device_memory.cuh"
 #include "kvpack/cache/block.hpp"
 #include "kvpack/kv_cache.hpp"
 #include "kvpack/result.hpp"
 
 namespace kvpack::cuda {
 
-/// Error for a failed CUDA call `what` (see the mapping above).
-[[nodiscard]] inline Error cuda_error(cudaError_t e, const std::string& what) {
-  const Errc code = (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorNoKernelImageForDevice)
-                        ? Errc::unsupported
-                        : (e == cudaErrorMemoryAllocation ? Errc::capacity_exceeded : Errc::io_error);
-  return fail(code, "CUDA: " + what + " failed: " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
-}
-
-/// Returns the Status of a CUDA call from the enclosing function when it fails.
-#define KVPACK_CUDA_TRY(call)                                                          \
-  do {                                                                                 \
-    const cudaError_t kvpack_cuda_err_ = (call);                                       \
-    if (kvpack_cuda_err_ != cudaSuccess) return ::kvpack::cuda::cuda_error(kvpack_cuda_err_, #call); \
-  } while (0)
-
-/// Owning device allocation (cudaFree on destruction; errors there cannot be reported).
-struct DeviceFree {
-  void operator()(void* p) const noexcept { (void)cudaFree(p); }
-};
-using DeviceBuffer = std::unique_ptr<void, DeviceFree>;
-
-/// Allocates `bytes` of device memory, zeroed.
-[[nodiscard]] inline Result<DeviceBuffer> device_alloc(std::size_t bytes, const std::string& what) {
-  void* p = nullptr;
-  if (const cudaError_t e = cudaMalloc(&p, bytes == 0 ? 1 : bytes); e != cudaSuccess)
-    return cuda_error(e, "cudaMalloc(" + std::to_string(bytes) + " bytes) for " + what);
-  DeviceBuffer buf(p);
-  if (const cudaError_t e = cudaMemset(p, 0, bytes == 0 ? 1 : bytes); e != cudaSuccess)
-    return cuda_error(e, "cudaMemset for " + what);
-  return Result<DeviceBuffer>(std::move(buf));
-}
+template <class HostCache>
+class DeviceCache;
+/// Byte-wise comparison of a DeviceCache with a host cache (kernels/cuda/device_compare.cuh).
+template <class HostCache>
+Status compare_device_blocks(const DeviceCache<HostCache>& dev, const HostCache& host);
 
 /// Options of one decode call.
 struct DecodeOptions {
-  int splits = 0;  ///< split-K partitions per KV head; 0 = automatic (about 4 CTAs per SM in all)
+  /// Split-K partitions per KV head; 0 = automatic (about 4 CTAs per SM in all). Clamped to
+  /// max_splits() (the scratch sized at create). Fix it for CUDA-graph replay.
+  int splits = 0;
 };
 
 /// Device-resident quantized blocks of one sequence, all layers, in the layout of the host cache
@@ -86,8 +74,10 @@ struct DecodeOptions {
 /// token) are passed to decode() as DeviceRows and read exactly.
 ///
 /// Requirements (compile time): grouped codecs for K and V (Int8, Int4, Fp8E4M3, Fp8E5M2),
-/// per-token keys. Run time (create): head_dim a multiple of 8 and <= 256; GQA group <= 8.
-/// Thread safety: none; all work is queued on one stream (the default stream unless given).
+/// per-token keys. Run time (create): head_dim 64, 128 or 256; GQA group <= 16; the decode
+/// kernel's shared memory (decode_smem_for) within the device's per-block limit.
+/// Thread safety: none per object; all work is queued on one stream of one device, both fixed at
+/// create(). Objects on different threads or devices are independent.
 template <class HostCache>
 class DeviceCache {
  public:
@@ -101,42 +91,70 @@ class DeviceCache {
                 "kvpack::cuda::DeviceCache: per-channel keys (Keys<Codec, PerChannel>) are not implemented on the "
                 "device; use per-token keys");
 
-  /// Allocates the blocks for `shape` on the current device. Errors: invalid shapes
-  /// (Errc::invalid_argument, as KVCache::create, plus head_dim % 8 and <= 256, group <= 8 ->
-  /// Errc::unsupported), CUDA errors (see the mapping at the top of this file).
-  [[nodiscard]] static Result<DeviceCache> create(const ModelShape& shape, cudaStream_t stream = nullptr) {
+  /// Shape checks that need no GPU: invalid shapes (Errc::invalid_argument, as KVCache::create),
+  /// head_dim not 64/128/256 or group > 16 (Errc::unsupported), and the decode kernel's shared
+  /// memory above `smem_limit` bytes (Errc::unsupported; create() passes the device's
+  /// cudaDevAttrMaxSharedMemoryPerBlockOptin).
+  [[nodiscard]] static Status check_shape(const ModelShape& shape, std::size_t smem_limit) {
     auto host_check = HostCache::create(ModelShape{shape.layers, shape.q_heads, shape.kv_heads, shape.head_dim, 1,
                                                    shape.attn_scale});
     if (!host_check) return host_check.error();
     if (shape.max_tokens <= 0 || shape.max_tokens > 0x7FFFFFFF)
       return fail(Errc::invalid_argument, "DeviceCache::create: max_tokens must be in [1, 2^31 - 1]");
-    if (shape.head_dim % kChunk != 0 || shape.head_dim > kMaxHeadDim)
-      return fail(Errc::unsupported, "DeviceCache::create: the CUDA kernels need head_dim % 8 == 0 and <= 256, not " +
-                                         std::to_string(shape.head_dim));
-    if (shape.q_heads / shape.kv_heads > kMaxGroup)
-      return fail(Errc::unsupported, "DeviceCache::create: GQA group " + std::to_string(shape.q_heads / shape.kv_heads) +
-                                         " exceeds the CUDA kernels' maximum of 8 query heads per KV head");
+    if (!decode_head_dim_supported(shape.head_dim))
+      return fail(Errc::unsupported, "DeviceCache::create: the CUDA kernels are compiled for head_dim 64, 128 and "
+                                     "256, not " + std::to_string(shape.head_dim));
+    const int group = shape.q_heads / shape.kv_heads;
+    if (group > kMaxGroup)
+      return fail(Errc::unsupported, "DeviceCache::create: GQA group " + std::to_string(group) +
+                                         " exceeds the CUDA kernels' maximum of 16 query heads per KV head");
+    return check_decode_fits(decode_smem_for<HostCache>(shape.head_dim, group).total, smem_limit, block_tokens);
+  }
+
+  /// Allocates the blocks, token counts, error state and decode scratch for `shape` on `device`
+  /// (-1: the current one), zeroed on `stream`, where all later work is queued. Errors: those of
+  /// check_shape, and CUDA errors (see device_memory.cuh).
+  [[nodiscard]] static Result<DeviceCache> create(const ModelShape& shape, cudaStream_t stream = nullptr,
+                                                  int device = -1) {
+    if (device < 0) KVPACK_CUDA_TRY(cudaGetDevice(&device));
+    KVPACK_CUDA_ON_DEVICE(device);
+    int smem_limit = 0;
+    KVPACK_CUDA_TRY(cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (Status s = check_shape(shape, static_cast<std::size_t>(smem_limit)); !s) return s.error();
     DeviceCache c;
     c.shape_ = shape;
     c.stream_ = stream;
+    c.device_ = device;
     c.layout_ = make_block_layout<key_codec, value_codec, false>(block_tokens, shape.head_dim);
     c.stride_ = static_cast<std::int64_t>((c.layout_.bytes + 255) / 256 * 256);
     c.max_blocks_ = static_cast<int>((shape.max_tokens + block_tokens - 1) / block_tokens);
     c.words_ = (block_tokens + 63) / 64;
-    int dev = 0;
-    KVPACK_CUDA_TRY(cudaGetDevice(&dev));
-    KVPACK_CUDA_TRY(cudaDeviceGetAttribute(&c.sms_, cudaDevAttrMultiProcessorCount, dev));
+    const int group = shape.q_heads / shape.kv_heads;
+    c.heads_per_cta_ = decode_heads_per_cta(group);
+    c.head_ctas_ = shape.kv_heads * ((group + c.heads_per_cta_ - 1) / c.heads_per_cta_);
+    c.smem_ = decode_smem_for<HostCache>(shape.head_dim, group);
+    KVPACK_CUDA_TRY(cudaDeviceGetAttribute(&c.sms_, cudaDevAttrMultiProcessorCount, device));
+    // Scratch for the most splits any decode may use: every block slot plus up to 4 CTAs per SM.
+    c.max_splits_ = std::max(1, std::min(kMaxSplits, std::max(c.max_blocks_, (4 * c.sms_ + c.head_ctas_ - 1) / c.head_ctas_)));
     const auto slots = static_cast<std::size_t>(shape.layers) * static_cast<std::size_t>(shape.kv_heads) *
                        static_cast<std::size_t>(c.max_blocks_);
-    auto data = device_alloc(slots * static_cast<std::size_t>(c.stride_), "DeviceCache blocks");
+    const std::size_t work = static_cast<std::size_t>(shape.q_heads) * static_cast<std::size_t>(c.max_splits_) *
+                             static_cast<std::size_t>(shape.head_dim + 2) * sizeof(float);
+    auto data = device_alloc(slots * static_cast<std::size_t>(c.stride_), stream, "DeviceCache blocks");
     if (!data) return data.error();
-    auto valid = device_alloc(slots * static_cast<std::size_t>(c.words_) * sizeof(std::uint64_t), "DeviceCache masks");
+    auto valid = device_alloc(slots * static_cast<std::size_t>(c.words_) * sizeof(std::uint64_t), stream, "DeviceCache masks");
     if (!valid) return valid.error();
-    auto first = device_alloc(sizeof(unsigned long long), "DeviceCache scratch");
-    if (!first) return first.error();
+    auto counts = device_alloc(static_cast<std::size_t>(shape.layers) * sizeof(std::int64_t), stream, "DeviceCache counts");
+    if (!counts) return counts.error();
+    auto status = device_alloc(sizeof(DeviceStatus), stream, "DeviceCache status");
+    if (!status) return status.error();
+    auto scratch = device_alloc(work, stream, "DeviceCache decode partials");
+    if (!scratch) return scratch.error();
     c.data_ = std::move(*data);
     c.valid_ = std::move(*valid);
-    c.first_bad_ = std::move(*first);
+    c.counts_ = std::move(*counts);
+    c.status_ = std::move(*status);
+    c.work_ = std::move(*scratch);
     c.tokens_.assign(static_cast<std::size_t>(shape.layers), 0);
     return Result<DeviceCache>(std::move(c));
   }
@@ -152,6 +170,7 @@ class DeviceCache {
   /// must have this shape and no eviction policy (its slot masks are private). Synchronous.
   Status upload(const HostCache& host) {
     static_assert(!HostCache::evicts, "DeviceCache::upload: eviction caches keep private slot masks; use set_valid");
+    KVPACK_CUDA_ON_DEVICE(device_);
     const ModelShape& hs = host.shape();
     if (hs.layers != shape_.layers || hs.kv_heads != shape_.kv_heads || hs.q_heads != shape_.q_heads ||
         hs.head_dim != shape_.head_dim)
@@ -183,17 +202,22 @@ class DeviceCache {
       KVPACK_CUDA_TRY(cudaMemcpyAsync(layer_valid(l), words.data(), words.size() * sizeof(std::uint64_t),
                                       cudaMemcpyHostToDevice, stream_));
       tokens_[static_cast<std::size_t>(l)] = n_tokens;
+      KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));  // `words` is reused for the next layer
     }
+    KVPACK_CUDA_TRY(cudaMemcpyAsync(counts_.get(), tokens_.data(), tokens_.size() * sizeof(std::int64_t),
+                                    cudaMemcpyHostToDevice, stream_));
     KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));
     return {};
   }
 
   /// Quantizes n tokens on the device and appends them to `layer`'s blocks (every KV head).
   /// d_k, d_v: device [n][kv_heads][head_dim] fp32 (keys post-RoPE); d_positions: device [n] int32.
-  /// Codes and metadata are bit-identical to the host KVCache's (CASES C4, C12).
-  /// Errors, nothing written: layer out of range or null buffers (invalid_argument), more than
-  /// max_tokens (capacity_exceeded), NaN/Inf in K or V (non_finite, naming layer, KV head, token
-  /// and channel). Synchronises once (to read the finiteness check).
+  /// Codes and metadata are bit-identical to the host KVCache's (CASES C4, C12). Enqueue only
+  /// (four operations on the stream: reset, NaN/Inf scan, quantizer, count update).
+  /// Errors returned at once, nothing enqueued: layer out of range or null buffers
+  /// (invalid_argument), more than max_tokens by the host's count (capacity_exceeded).
+  /// Errors found on the device, nothing written, reported by check(): NaN/Inf in K or V
+  /// (non_finite, naming layer, KV head, token and channel), capacity.
   Status append(int layer, const float* d_k, const float* d_v, const std::int32_t* d_positions, std::int64_t n) {
     if (layer < 0 || layer >= shape_.layers)
       return fail(Errc::invalid_argument, "DeviceCache::append: layer " + std::to_string(layer) + " out of range");
@@ -201,37 +225,26 @@ class DeviceCache {
       return fail(Errc::invalid_argument, "DeviceCache::append: n must be >= 0 and the buffers non-null");
     if (n == 0) return {};
     const std::int64_t first = tokens_[static_cast<std::size_t>(layer)];
-    if (first + n > static_cast<std::int64_t>(max_blocks_) * block_tokens || first + n > shape_.max_tokens)
+    if (first + n > capacity())
       return fail(Errc::capacity_exceeded, "DeviceCache::append: layer " + std::to_string(layer) + " holds " +
                                                std::to_string(first) + " tokens; " + std::to_string(n) +
                                                " more exceed max_tokens = " + std::to_string(shape_.max_tokens));
+    KVPACK_CUDA_ON_DEVICE(device_);
+    auto* st = static_cast<DeviceStatus*>(status_.get());
     const std::int64_t floats = n * shape_.kv_heads * shape_.head_dim;
-    for (int which = 0; which < 2; ++which) {
-      const float* x = which == 0 ? d_k : d_v;
-      auto* flag = static_cast<unsigned long long*>(first_bad_.get());
-      KVPACK_CUDA_TRY(cudaMemsetAsync(flag, 0xFF, sizeof(unsigned long long), stream_));
-      first_non_finite_kernel<><<<grid_for(floats), 256, 0, stream_>>>(x, floats, flag);
-      KVPACK_CUDA_TRY(cudaGetLastError());
-      unsigned long long bad = 0;
-      KVPACK_CUDA_TRY(cudaMemcpyAsync(&bad, flag, sizeof bad, cudaMemcpyDeviceToHost, stream_));
-      KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));
-      if (bad != ~0ull) {
-        const auto row = static_cast<unsigned long long>(shape_.kv_heads) * static_cast<unsigned long long>(shape_.head_dim);
-        const auto D = static_cast<unsigned long long>(shape_.head_dim);
-        return fail(Errc::non_finite, std::string("DeviceCache::append: non-finite ") + (which == 0 ? "K" : "V") +
-                                          " value at layer " + std::to_string(layer) + ", kv head " +
-                                          std::to_string((bad % row) / D) + ", token " + std::to_string(bad / row) +
-                                          " of the chunk, channel " + std::to_string(bad % D) +
-                                          "; nothing was appended");
-      }
-    }
+    KVPACK_CUDA_TRY(cudaMemsetAsync(st->first_bad, 0xFF, sizeof st->first_bad, stream_));
+    scan_non_finite_kernel<><<<grid_for(2 * floats), 256, 0, stream_>>>(d_k, d_v, floats, st->first_bad);
+    KVPACK_CUDA_TRY(cudaGetLastError());
     AppendArgs a;
     a.blocks = device_blocks(layer);
     a.k = d_k;
     a.v = d_v;
     a.positions = d_positions;
     a.n = n;
-    a.first_slot = first;
+    a.tokens = device_count(layer);
+    a.status = st;
+    a.capacity = capacity();
+    a.layer = layer;
     a.kv_heads = shape_.kv_heads;
     a.head_dim = shape_.head_dim;
     const std::int64_t threads =
@@ -239,56 +252,64 @@ class DeviceCache {
         (shape_.head_dim / DeviceCodec<key_codec>::group + shape_.head_dim / DeviceCodec<value_codec>::group);
     append_kernel<key_codec, value_codec, block_tokens><<<grid_for(threads), 256, 0, stream_>>>(a);
     KVPACK_CUDA_TRY(cudaGetLastError());
+    commit_tokens_kernel<><<<1, 1, 0, stream_>>>(device_count(layer), st, n);
+    KVPACK_CUDA_TRY(cudaGetLastError());
     tokens_[static_cast<std::size_t>(layer)] = first + n;
     return {};
   }
 
+  /// Reads the device's error state and token counts (synchronises the stream). Returns the
+  /// first error recorded since the last check (and clears it), else any asynchronous CUDA error;
+  /// tokens() then equals the device's counts.
+  Status check() {
+    KVPACK_CUDA_ON_DEVICE(device_);
+    DeviceStatus st{};
+    KVPACK_CUDA_TRY(cudaMemcpyAsync(&st, status_.get(), sizeof st, cudaMemcpyDeviceToHost, stream_));
+    KVPACK_CUDA_TRY(cudaMemcpyAsync(tokens_.data(), counts_.get(), tokens_.size() * sizeof(std::int64_t),
+                                    cudaMemcpyDeviceToHost, stream_));
+    KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));
+    KVPACK_CUDA_TRY(cudaGetLastError());
+    if (st.code == kStatusOk) return {};
+    KVPACK_CUDA_TRY(cudaMemsetAsync(&static_cast<DeviceStatus*>(status_.get())->code, 0, sizeof(int), stream_));
+    KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));
+    return append_error(st, shape_.kv_heads, shape_.head_dim, shape_.max_tokens);
+  }
+
   /// Decode attention of one query token over `layer`: the quantized blocks (slots whose validity
-  /// bit is set) and then `exact` fp32 rows, all visible to the query. d_q, d_out: device
-  /// [q_heads][head_dim] fp32; query head i uses KV head i / (q_heads / kv_heads). Softmax scale:
-  /// shape.attn_scale, or 1/sqrt(head_dim) when 0. A query that sees no key gets zeros.
-  /// Asynchronous (queued on the stream); launch errors are reported, execution errors by the
-  /// next synchronising call (synchronize()).
+  /// bit is set; token count read on the device) and then `exact` fp32 rows, all visible to the
+  /// query. d_q, d_out: device [q_heads][head_dim] fp32; query head i uses KV head
+  /// i / (q_heads / kv_heads). Softmax scale: shape.attn_scale, or 1/sqrt(head_dim) when 0. A
+  /// query that sees no key gets zeros. Enqueue only (two kernels); launch errors are returned,
+  /// execution errors by check().
   Status decode(int layer, const float* d_q, float* d_out, const DeviceRows& exact = {}, DecodeOptions opt = {}) {
     if (layer < 0 || layer >= shape_.layers)
       return fail(Errc::invalid_argument, "DeviceCache::decode: layer " + std::to_string(layer) + " out of range");
     if (!d_q || !d_out || exact.count < 0 || (exact.count > 0 && (!exact.k || !exact.v)))
       return fail(Errc::invalid_argument, "DeviceCache::decode: null buffer or negative exact row count");
-    const int group = shape_.q_heads / shape_.kv_heads;
+    KVPACK_CUDA_ON_DEVICE(device_);
     DecodeArgs a;
     a.blocks = device_blocks(layer);
-    a.n_blocks = blocks_in_use(layer);
+    a.tokens = device_count(layer);
     a.exact = exact;
     if (a.exact.count > 0 && a.exact.stride == 0) a.exact.stride = static_cast<std::int64_t>(shape_.kv_heads) * shape_.head_dim;
     a.q = d_q;
-    a.head_dim = shape_.head_dim;
-    a.group = group;
+    a.group = shape_.q_heads / shape_.kv_heads;
     a.kv_heads = shape_.kv_heads;
     a.scale = shape_.attn_scale > 0.f ? shape_.attn_scale : 1.f / std::sqrt(static_cast<float>(shape_.head_dim));
-    const int units = a.n_blocks + (a.exact.count + block_tokens - 1) / block_tokens;
-    const int splits = split_count(units, opt.splits);
-    a.tiles_per_split = units == 0 ? 0 : (units + splits - 1) / splits;
-    a.n_splits = units == 0 ? 1 : (units + a.tiles_per_split - 1) / a.tiles_per_split;
-    const auto need = static_cast<std::size_t>(shape_.q_heads) * static_cast<std::size_t>(a.n_splits) *
-                      static_cast<std::size_t>(shape_.head_dim + 2);
-    if (need > work_floats_) {
-      auto w = device_alloc(need * sizeof(float), "DeviceCache decode partials");
-      if (!w) return w.error();
-      work_ = std::move(*w);
-      work_floats_ = need;
-    }
+    // The host's count bounds the device's (an append that fails on the device adds nothing).
+    const int units = blocks_in_use(layer) + (a.exact.count + block_tokens - 1) / block_tokens;
+    const SplitPlan plan = plan_splits(units, opt.splits, sms_, head_ctas_, max_splits_);
+    a.n_splits = opt.splits > 0 ? std::min(opt.splits, max_splits_) : plan.splits;
+    a.smem = smem_;
     auto* base = static_cast<float*>(work_.get());
     const std::size_t heads_splits = static_cast<std::size_t>(shape_.q_heads) * static_cast<std::size_t>(a.n_splits);
     a.part_m = base;
     a.part_l = base + heads_splits;
     a.part_acc = base + 2 * heads_splits;
     last_splits_ = a.n_splits;
-    a.tile_bytes = static_cast<int>((layout_.positions + 15) / 16 * 16);
-    const dim3 grid(static_cast<unsigned>(shape_.kv_heads), static_cast<unsigned>(a.n_splits));
-    Status launched = group <= 1   ? launch_decode<1>(a, grid)
-                      : group <= 2 ? launch_decode<2>(a, grid)
-                      : group <= 4 ? launch_decode<4>(a, grid)
-                                   : launch_decode<8>(a, grid);
+    const dim3 grid(static_cast<unsigned>(head_ctas_), static_cast<unsigned>(a.n_splits));
+    Status launched = launch_decode_split<key_codec, value_codec, block_tokens>(a, grid, shape_.head_dim, heads_per_cta_,
+                                                                                device_, stream_);
     if (!launched) return launched;
     decode_combine_kernel<><<<static_cast<unsigned>(shape_.q_heads), 128, 0, stream_>>>(
         a.part_m, a.part_l, a.part_acc, a.n_splits, shape_.head_dim, d_out);
@@ -301,6 +322,7 @@ class DeviceCache {
   Status set_valid(int layer, int kv_head, int block, std::span<const std::uint64_t> words) {
     if (!in_range(layer, kv_head, block) || words.size() != static_cast<std::size_t>(words_))
       return fail(Errc::invalid_argument, "DeviceCache::set_valid: layer, kv_head, block or word count out of range");
+    KVPACK_CUDA_ON_DEVICE(device_);
     KVPACK_CUDA_TRY(cudaMemcpyAsync(valid_ptr(layer, kv_head, block), words.data(), words.size() * sizeof(std::uint64_t),
                                     cudaMemcpyHostToDevice, stream_));
     KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));
@@ -311,6 +333,7 @@ class DeviceCache {
   [[nodiscard]] Result<std::vector<std::byte>> block_bytes(int layer, int kv_head, int block) const {
     if (!in_range(layer, kv_head, block))
       return fail(Errc::invalid_argument, "DeviceCache::block_bytes: layer, kv_head or block out of range");
+    KVPACK_CUDA_ON_DEVICE(device_);
     std::vector<std::byte> out(layout_.bytes);
     KVPACK_CUDA_TRY(cudaMemcpyAsync(out.data(), block_ptr(layer, kv_head, block), out.size(), cudaMemcpyDeviceToHost,
                                     stream_));
@@ -320,48 +343,31 @@ class DeviceCache {
 
   /// Compares every block with the host cache's, byte for byte (codes, metadata, positions, and
   /// unused slots, which are zero on both sides), and the validity masks with the host's token
-  /// counts. OK when identical; Errc::corrupt_data naming the first difference otherwise.
-  /// Synchronous.
-  [[nodiscard]] Status compare(const HostCache& host) const {
+  /// counts. OK when identical; Errc::corrupt_data naming the first difference otherwise; a
+  /// pending device error first (check()). Synchronous. (kernels/cuda/device_compare.cuh)
+  [[nodiscard]] Status compare(const HostCache& host) {
     static_assert(!HostCache::evicts, "DeviceCache::compare: eviction caches keep private slot masks");
-    if (Status s = synchronize_const(); !s) return s;
-    for (int l = 0; l < shape_.layers; ++l) {
-      for (int h = 0; h < shape_.kv_heads; ++h) {
-        const std::span<const Block> blocks = host.blocks(l, h);
-        if (static_cast<int>(blocks.size()) != blocks_in_use(l))
-          return fail(Errc::corrupt_data, "DeviceCache::compare: layer " + std::to_string(l) + " kv head " +
-                                              std::to_string(h) + ": host has " + std::to_string(blocks.size()) +
-                                              " blocks, device " + std::to_string(blocks_in_use(l)));
-        std::vector<std::uint64_t> words(static_cast<std::size_t>(words_));
-        for (std::size_t b = 0; b < blocks.size(); ++b) {
-          auto bytes = block_bytes(l, h, static_cast<int>(b));
-          if (!bytes) return bytes.error();
-          for (std::size_t i = 0; i < layout_.bytes; ++i)
-            if ((*bytes)[i] != blocks[b].data[i])
-              return fail(Errc::corrupt_data, "DeviceCache::compare: layer " + std::to_string(l) + " kv head " +
-                                                  std::to_string(h) + " block " + std::to_string(b) + " byte " +
-                                                  std::to_string(i) + " (" + section(i) + ") differs: host " +
-                                                  std::to_string(static_cast<int>(blocks[b].data[i])) + ", device " +
-                                                  std::to_string(static_cast<int>((*bytes)[i])));
-          KVPACK_CUDA_TRY(cudaMemcpy(words.data(), valid_ptr(l, h, static_cast<int>(b)),
-                                     words.size() * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
-          for (int t = 0; t < block_tokens; ++t) {
-            const bool dev = (words[static_cast<std::size_t>(t / 64)] >> (t % 64)) & 1u;
-            if (dev != (t < blocks[b].header.count))
-              return fail(Errc::corrupt_data, "DeviceCache::compare: layer " + std::to_string(l) + " kv head " +
-                                                  std::to_string(h) + " block " + std::to_string(b) + " slot " +
-                                                  std::to_string(t) + ": validity bit differs from the host count");
-          }
-        }
-      }
-    }
-    return {};
+    if (Status s = check(); !s) return s;
+    return compare_device_blocks(*this, host);
   }
 
-  /// Waits for all queued work; reports asynchronous kernel errors.
-  Status synchronize() { return synchronize_const(); }
+  /// Copy of one block's validity words ((B + 63) / 64). Synchronous.
+  [[nodiscard]] Result<std::vector<std::uint64_t>> valid_words(int layer, int kv_head, int block) const {
+    if (!in_range(layer, kv_head, block))
+      return fail(Errc::invalid_argument, "DeviceCache::valid_words: layer, kv_head or block out of range");
+    KVPACK_CUDA_ON_DEVICE(device_);
+    std::vector<std::uint64_t> out(static_cast<std::size_t>(words_));
+    KVPACK_CUDA_TRY(cudaMemcpyAsync(out.data(), valid_ptr(layer, kv_head, block), out.size() * sizeof(std::uint64_t),
+                                    cudaMemcpyDeviceToHost, stream_));
+    KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));
+    return out;
+  }
 
-  /// Tokens stored in `layer`'s blocks (0 for an out-of-range layer).
+  /// Waits for all queued work; reports device-side and asynchronous errors (= check()).
+  Status synchronize() { return check(); }
+
+  /// Tokens enqueued into `layer`'s blocks by the host's count (0 for an out-of-range layer); the
+  /// device's count after check().
   [[nodiscard]] std::int64_t tokens(int layer) const noexcept {
     return layer >= 0 && layer < shape_.layers ? tokens_[static_cast<std::size_t>(layer)] : 0;
   }
@@ -384,30 +390,20 @@ class DeviceCache {
   [[nodiscard]] const BlockLayout& layout() const noexcept { return layout_; }
   [[nodiscard]] const ModelShape& shape() const noexcept { return shape_; }
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
+  [[nodiscard]] int device() const noexcept { return device_; }
+  /// Largest split count a decode may use (its scratch is allocated by create()).
+  [[nodiscard]] int max_splits() const noexcept { return max_splits_; }
+  /// The decode kernel's shared-memory layout (decode_smem_for).
+  [[nodiscard]] const DecodeSmem& decode_shared_memory() const noexcept { return smem_; }
 
  private:
   DeviceCache() = default;
 
-  // Launches the split pass with GMAX >= group; 2 staged blocks of dynamic shared memory (the
-  // opt-in above 48 KiB is requested once per kernel instantiation and size).
-  template <int GMAX>
-  Status launch_decode(const DecodeArgs& a, dim3 grid) {
-    auto* kernel = &decode_split_kernel<key_codec, value_codec, block_tokens, GMAX>;
-    const auto dyn = static_cast<std::size_t>(2 * a.tile_bytes);
-    static std::size_t configured = 0;
-    if (dyn > configured) {
-      KVPACK_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dyn)));
-      configured = dyn;
-    }
-    kernel<<<grid, kDecodeThreads, dyn, stream_>>>(a);
-    KVPACK_CUDA_TRY(cudaGetLastError());
-    return {};
+  [[nodiscard]] std::int64_t capacity() const noexcept {
+    return std::min<std::int64_t>(shape_.max_tokens, static_cast<std::int64_t>(max_blocks_) * block_tokens);
   }
-
-  [[nodiscard]] Status synchronize_const() const {
-    KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));
-    KVPACK_CUDA_TRY(cudaGetLastError());
-    return {};
+  [[nodiscard]] std::int64_t* device_count(int layer) const noexcept {
+    return static_cast<std::int64_t*>(counts_.get()) + layer;
   }
   [[nodiscard]] std::size_t layer_bytes() const noexcept {
     return static_cast<std::size_t>(shape_.kv_heads) * static_cast<std::size_t>(max_blocks_) * static_cast<std::size_t>(stride_);
@@ -433,47 +429,22 @@ class DeviceCache {
     return l >= 0 && l < shape_.layers && h >= 0 && h < shape_.kv_heads && b >= 0 && b < max_blocks_;
   }
   [[nodiscard]] DeviceBlocks device_blocks(int l) const noexcept {
-    DeviceBlocks d;
-    d.data = layer_data(l);
-    d.valid = layer_valid(l);
-    d.block_stride = stride_;
-    d.max_blocks = max_blocks_;
-    d.words = words_;
-    d.k_codes = static_cast<std::int64_t>(layout_.k_codes);
-    d.k_meta = static_cast<std::int64_t>(layout_.k_meta);
-    d.v_codes = static_cast<std::int64_t>(layout_.v_codes);
-    d.v_meta = static_cast<std::int64_t>(layout_.v_meta);
-    d.positions = static_cast<std::int64_t>(layout_.positions);
-    d.k_row = static_cast<std::int64_t>(layout_.k_row);
-    d.v_row = static_cast<std::int64_t>(layout_.v_row);
-    d.k_meta_token = static_cast<std::int64_t>(layout_.k_meta_token);
-    d.v_meta_token = static_cast<std::int64_t>(layout_.v_meta_token);
-    return d;
-  }
-  [[nodiscard]] int split_count(int units, int requested) const noexcept {
-    if (units <= 0) return 1;
-    int s = requested > 0 ? requested : (4 * sms_ + shape_.kv_heads - 1) / shape_.kv_heads;
-    return std::clamp(s, 1, units);
+    return make_device_blocks(layout_, layer_data(l), layer_valid(l), stride_, max_blocks_, words_);
   }
   [[nodiscard]] static unsigned grid_for(std::int64_t threads) noexcept {
     return static_cast<unsigned>(std::clamp<std::int64_t>((threads + 255) / 256, 1, 65535));
   }
-  [[nodiscard]] const char* section(std::size_t i) const noexcept {
-    return i < layout_.k_meta ? "K codes"
-           : i < layout_.v_codes ? "K metadata"
-           : i < layout_.v_meta ? "V codes"
-           : i < layout_.positions ? "V metadata"
-                                   : "positions";
-  }
-
   ModelShape shape_;
   BlockLayout layout_;
+  DecodeSmem smem_;
   cudaStream_t stream_ = nullptr;
   std::int64_t stride_ = 0;
-  int max_blocks_ = 0, words_ = 0, sms_ = 1, last_splits_ = 0;
-  DeviceBuffer data_, valid_, first_bad_, work_;
-  std::size_t work_floats_ = 0;
+  int device_ = 0, max_blocks_ = 0, words_ = 0, sms_ = 1, last_splits_ = 0, max_splits_ = 1;
+  int heads_per_cta_ = 1, head_ctas_ = 1;
+  DeviceBuffer data_, valid_, counts_, status_, work_;
   std::vector<std::int64_t> tokens_;
 };
 
 }  // namespace kvpack::cuda
+
+#include "cuda/device_compare.cuh"

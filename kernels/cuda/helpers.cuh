@@ -1,10 +1,13 @@
 // __host__ __device__ building blocks of kvpack's CUDA kernels: code unpacking, per-group
-// dequantization, the device-side quantizer (bit-identical to the host codecs), and the
-// online-softmax merge of split-K partials.
+// dequantization, the device-side quantizer, and the online-softmax merge of split-K partials.
+// The quantizer and dequantizer are NOT re-implemented here: the host codecs' derive,
+// encode_value, decode_value, store_params and load_params (int_codec.hpp, fp8_codec.hpp,
+// meta.hpp) are __host__ __device__, and quantize_group calls them, so device codes are the host
+// codes by construction.
 //
 // This header compiles as plain C++20 too (g++, clang++: KVPACK_HOST_DEVICE is empty there), so
 // every helper is unit-tested on the host (tests/test_cuda_helpers.cpp) against float64
-// references and the host codecs; the kernels (kernels/cuda/attention.cuh) only compose them.
+// references and the host codecs; the kernels (kernels/cuda/*.cuh) only compose them.
 //
 // Codes and metadata follow include/kvpack/codec/int_codec.hpp and fp8_codec.hpp exactly:
 //  * INT4: unsigned nibbles (symmetric q + 8), element 2i in the LOW nibble of byte i;
@@ -44,6 +47,7 @@ struct DeviceCodec {
 template <class C>
   requires requires { typename C::meta_type; } && (C::grouped)
 struct DeviceCodec<C> {
+  using codec = C;  ///< the host codec, whose __host__ __device__ encode/decode the kernels call
   static constexpr bool supported = true;
   static constexpr bool is_fp8 = requires { typename C::format; };
   static constexpr int bits = C::bits;                 ///< bits per stored code (4 or 8)
@@ -173,19 +177,10 @@ template <class DC>
   else return static_cast<int>(static_cast<std::int8_t>(static_cast<std::uint8_t>(stored & 0xFFu)));
 }
 
-/// Reconstruction of one stored code under p: zero + scale * q (integers), fp8(code) * scale.
-/// Same expression as the host codecs' decode_value.
+/// Reconstruction of one stored code under p: the host codec's decode_value itself.
 template <class DC>
 [[nodiscard]] KVPACK_HOST_DEVICE inline float dequantize(unsigned stored, GroupParams p) noexcept {
-  if constexpr (DC::kind == CodeKind::e4m3) {
-    return e4m3_to_float(static_cast<std::uint8_t>(stored)) * p.scale;
-  } else if constexpr (DC::kind == CodeKind::e5m2) {
-    return e5m2_to_float(static_cast<std::uint8_t>(stored)) * p.scale;
-  } else if constexpr (DC::asymmetric) {
-    return p.zero + p.scale * static_cast<float>(level_of<DC>(stored));
-  } else {
-    return p.scale * static_cast<float>(level_of<DC>(stored));
-  }
+  return DC::codec::decode_value(stored, p);
 }
 
 /// Stored code e (0..7) of a chunk.
@@ -208,119 +203,32 @@ KVPACK_HOST_DEVICE inline void dequantize_chunk(const ChunkCodes& c, GroupParams
 // Quantization (the device append path; bit-identical to the host codecs)
 // ------------------------------------------------------------------------------------------------
 
-/// Neighbours of a finite float toward +Inf / -Inf (std::nextafter for finite inputs).
-[[nodiscard]] KVPACK_HOST_DEVICE inline float next_up(float f) noexcept {
-  const std::uint32_t u = detail::bit_cast<std::uint32_t>(f);
-  if ((u & 0x7FFFFFFFu) == 0) return detail::bit_cast<float>(1u);  // +-0 -> smallest subnormal
-  return detail::bit_cast<float>((u & 0x80000000u) ? u - 1u : u + 1u);
-}
-[[nodiscard]] KVPACK_HOST_DEVICE inline float next_down(float f) noexcept { return -next_up(-f); }
-
-/// Smallest float >= d / largest float <= d (d finite); beyond the float range: +-FLT_MAX.
-/// Mirrors detail::f32_round_up / f32_round_down of codec/meta.hpp.
-[[nodiscard]] KVPACK_HOST_DEVICE inline float f32_round_up(double d) noexcept {
-  float f = static_cast<float>(d);
-  if ((detail::bit_cast<std::uint32_t>(f) & 0x7FFFFFFFu) == 0x7F800000u) return f > 0 ? kFloatMax : -kFloatMax;
-  if (static_cast<double>(f) < d) f = next_up(f);
-  return f;
-}
-[[nodiscard]] KVPACK_HOST_DEVICE inline float f32_round_down(double d) noexcept {
-  float f = static_cast<float>(d);
-  if ((detail::bit_cast<std::uint32_t>(f) & 0x7FFFFFFFu) == 0x7F800000u) return f > 0 ? kFloatMax : -kFloatMax;
-  if (static_cast<double>(f) > d) f = next_down(f);
-  return f;
-}
-/// d rounded up / down to the metadata precision (fp16 or fp32), as detail::meta_round_up/down.
+// One implementation: the host codecs (include/kvpack/codec/int_codec.hpp, fp8_codec.hpp,
+// meta.hpp) are __host__ __device__; these names forward to them.
+[[nodiscard]] KVPACK_HOST_DEVICE inline float next_up(float f) noexcept { return detail::next_up(f); }
+[[nodiscard]] KVPACK_HOST_DEVICE inline float next_down(float f) noexcept { return detail::next_down(f); }
+[[nodiscard]] KVPACK_HOST_DEVICE inline float f32_round_up(double d) noexcept { return detail::f32_round_up(d); }
+[[nodiscard]] KVPACK_HOST_DEVICE inline float f32_round_down(double d) noexcept { return detail::f32_round_down(d); }
 template <bool MetaF16>
 [[nodiscard]] KVPACK_HOST_DEVICE inline float meta_round_up(double d) noexcept {
-  const float f = f32_round_up(d);
-  if constexpr (MetaF16) return fp16_to_float(fp16_from_float(f, Rounding::toward_pos_inf));
-  else return f;
+  return detail::meta_round_up<std::conditional_t<MetaF16, kvpack::MetaF16, MetaF32>>(d);
 }
 template <bool MetaF16>
 [[nodiscard]] KVPACK_HOST_DEVICE inline float meta_round_down(double d) noexcept {
-  const float f = f32_round_down(d);
-  if constexpr (MetaF16) return fp16_to_float(fp16_from_float(f, Rounding::toward_neg_inf));
-  else return f;
+  return detail::meta_round_down<std::conditional_t<MetaF16, kvpack::MetaF16, MetaF32>>(d);
 }
 
-/// IEEE single operations, never contracted or reassociated on the device.
-[[nodiscard]] KVPACK_HOST_DEVICE inline float div_rn(float a, float b) noexcept {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-[[nodiscard]] KVPACK_HOST_DEVICE inline float sub_rn(float a, float b) noexcept {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-/// Round half to even of |v| < 2^22 by the 1.5 * 2^23 trick, as detail::round_half_even.
-[[nodiscard]] KVPACK_HOST_DEVICE inline float rne(float v) noexcept {
-  constexpr float magic = 12582912.f;
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(__fadd_rn(v, magic), magic);
-#else
-  const float t = v + magic;
-  return t - magic;
-#endif
-}
-
-/// Scale (and zero-point) of `count` finite values x[0], x[stride], ..., rounded to the metadata
-/// precision: the same decisions as IntCodec::derive / Fp8Codec::derive (CASES C1-C3).
+/// Scale (and zero-point) of `count` finite values x[0], x[stride], ...: the codec's derive.
 template <class DC>
 [[nodiscard]] KVPACK_HOST_DEVICE inline GroupParams derive_group(const float* x, std::ptrdiff_t stride,
                                                                 int count) noexcept {
-  float lo = x[0], hi = x[0];
-  for (int i = 1; i < count; ++i) {
-    const float v = x[i * stride];
-    lo = v < lo ? v : lo;
-    hi = v > hi ? v : hi;
-  }
-  GroupParams p;
-  if constexpr (DC::is_fp8) {
-    const float amax = -lo < hi ? hi : -lo;
-    if (amax == 0.f) p.scale = 1.f;
-    else if (lo == hi) p.scale = meta_round_up<DC::meta_f16>(amax);
-    else p.scale = meta_round_up<DC::meta_f16>(static_cast<double>(amax) / static_cast<double>(DC::fp8_max));
-  } else {
-    constexpr float lim = DC::meta_max;
-    lo = lo < -lim ? -lim : (lim < lo ? lim : lo);
-    hi = hi < -lim ? -lim : (lim < hi ? lim : hi);
-    if constexpr (DC::asymmetric) {
-      p.zero = meta_round_down<DC::meta_f16>(lo);
-      const double range = static_cast<double>(hi) - p.zero;
-      p.scale = range > 0 ? meta_round_up<DC::meta_f16>(range / DC::qmax) : 1.f;
-    } else {
-      const float amax = -lo < hi ? hi : -lo;
-      if (amax == 0.f) p.scale = 1.f;
-      else if (lo == hi) p.scale = meta_round_up<DC::meta_f16>(amax);
-      else p.scale = meta_round_up<DC::meta_f16>(static_cast<double>(amax) / DC::qmax);
-    }
-  }
-  return p;
+  return DC::codec::derive(x, stride, count);
 }
 
-/// Stored code of x under p (p as stored): integer codecs clamp then round half to even, FP8
-/// divides by the scale and rounds/saturates in the element format.
+/// Stored code of x under p (p as stored): the codec's encode_value.
 template <class DC>
 [[nodiscard]] KVPACK_HOST_DEVICE inline unsigned quantize(float x, GroupParams p) noexcept {
-  if constexpr (DC::kind == CodeKind::e4m3) {
-    return e4m3_from_float(div_rn(x, p.scale));
-  } else if constexpr (DC::kind == CodeKind::e5m2) {
-    return e5m2_from_float(div_rn(x, p.scale));
-  } else {
-    const float t = div_rn(DC::asymmetric ? sub_rn(x, p.zero) : x, p.scale);
-    constexpr auto lo = static_cast<float>(DC::qmin), hi = static_cast<float>(DC::qmax);
-    const float c = t < lo ? lo : (hi < t ? hi : t);
-    const int q = static_cast<int>(rne(c));
-    if constexpr (DC::bits == 4) return static_cast<unsigned>(q - DC::qmin);
-    else return static_cast<unsigned>(static_cast<std::uint8_t>(q));
-  }
+  return DC::codec::encode_value(x, p);
 }
 
 /// Quantizes one group of DC::group values x[0], x[stride], ... (finite): writes the group's
@@ -329,10 +237,9 @@ template <class DC>
 template <class DC>
 KVPACK_HOST_DEVICE inline void quantize_group(const float* x, std::ptrdiff_t stride, std::uint8_t* codes,
                                               std::uint8_t* meta) noexcept {
-  const GroupParams p = derive_group<DC>(x, stride, DC::group);
-  store_meta_value<DC::meta_f16>(p.scale, meta);
-  if constexpr (DC::asymmetric) store_meta_value<DC::meta_f16>(p.zero, meta + DC::meta_value_bytes);
-  const GroupParams ps = load_group_params<DC>(meta);
+  using C = typename DC::codec;
+  C::store_params(C::derive(x, stride, DC::group), reinterpret_cast<std::byte*>(meta));
+  const GroupParams ps = C::load_params(reinterpret_cast<const std::byte*>(meta));
   if constexpr (DC::bits == 4) {
     for (int i = 0; i < DC::group; i += 2)
       codes[i / 2] = pack_int4(quantize<DC>(x[i * stride], ps), quantize<DC>(x[(i + 1) * stride], ps));

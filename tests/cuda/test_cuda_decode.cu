@@ -1,9 +1,10 @@
-// The CUDA split-K decode kernel (kernels/cuda/attention.cuh through DeviceCache::decode) against
-// the CPU scalar kernel (kernels/scalar/attention.hpp, the spec) and a float64 reference, to 1e-5
-// relative, over blocks uploaded from a host KVCache (so both read the very same bytes):
+// The CUDA split-K decode kernel (kernels/cuda/decode_kernel.cuh through DeviceCache::decode)
+// against the CPU scalar kernel (kernels/scalar/attention.hpp, the spec) and a float64 reference
+// over the same dequantized rows, to 1e-5 relative (the kernel's own arithmetic; the codec's error
+// is not in it), over blocks uploaded from a host KVCache (so both read the very same bytes):
 //  * INT4 (asymmetric fp16, symmetric fp32 group 16), INT8 (symmetric, asymmetric), FP8 E4M3 and
 //    E5M2, mixed K/V codecs, blocks of 16, 32 and 64 tokens;
-//  * head_dim 64, 96 (idle lanes), 128, 256; 1, 31, 33, 95 and 1000 tokens; GQA groups 1, 3, 4, 8;
+//  * head_dim 64, 128, 256; 1, 31, 33, 95 and 4000 tokens; GQA groups 1-8 and 16; layer 0 and 1;
 //  * fp32 exact rows after the blocks (0, 1, 7, 70: the current token, a residual window);
 //  * automatic, 1 and 7 splits (the combine step over empty and uneven splits);
 //  * validity masks: random slots, a 16-slot run and a whole block masked out (skipped);
@@ -44,12 +45,13 @@ struct Case {
   int kv_heads = 2;
   int exact = 0;     ///< fp32 rows after the blocks
   int splits = 0;    ///< 0 = automatic
+  int layer = 0;     ///< of a 2-layer cache (the other layer holds other tokens)
   bool masks = false;
   std::uint32_t seed = 1;
   [[nodiscard]] std::string str() const {
     return "D=" + std::to_string(D) + " tokens=" + std::to_string(tokens) + " group=" + std::to_string(group) +
            " kv_heads=" + std::to_string(kv_heads) + " exact=" + std::to_string(exact) +
-           " splits=" + std::to_string(splits) + (masks ? " masks" : "");
+           " splits=" + std::to_string(splits) + " layer=" + std::to_string(layer) + (masks ? " masks" : "");
   }
 };
 
@@ -72,7 +74,7 @@ void run_case(const Case& c) {
   SCOPED_TRACE(c.str());
   const int B = Cfg::block;
   const int q_heads = c.group * c.kv_heads;
-  const ModelShape shape{1, q_heads, c.kv_heads, c.D, c.tokens + 1, 0.f};
+  const ModelShape shape{2, q_heads, c.kv_heads, c.D, c.tokens + 1, 0.f};
   auto host = Cache::create(shape);
   ASSERT_TRUE(host) << host.error().message;
   std::mt19937 rng(c.seed);
@@ -82,9 +84,14 @@ void run_case(const Case& c) {
     const std::vector<float> v = random_rows(k.size(), rng, c.D, 1.f);
     std::vector<std::int32_t> pos(static_cast<std::size_t>(c.tokens));
     for (int t = 0; t < c.tokens; ++t) pos[static_cast<std::size_t>(t)] = t;
-    ASSERT_TRUE(host->append(0, k, v, pos));
+    ASSERT_TRUE(host->append(c.layer, k, v, pos));
+    // The other layer: half as many other tokens (a kernel reading the wrong layer fails).
+    const int other = (c.tokens + 1) / 2;
+    const std::vector<float> k2 = random_rows(static_cast<std::size_t>(other) * row, rng, c.D, 2.f);
+    const std::vector<float> v2 = random_rows(k2.size(), rng, c.D, 3.f);
+    ASSERT_TRUE(host->append(1 - c.layer, k2, v2, std::vector<std::int32_t>(pos.begin(), pos.begin() + other)));
   }
-  ASSERT_EQ(host->quantized_tokens(0), c.tokens);
+  ASSERT_EQ(host->quantized_tokens(c.layer), c.tokens);
 
   auto dev = cuda::DeviceCache<Cache>::create(shape);
   ASSERT_TRUE(dev) << dev.error().message;
@@ -92,7 +99,7 @@ void run_case(const Case& c) {
     const Status up = dev->upload(*host);
     ASSERT_TRUE(up) << up.error().message;
   }
-  ASSERT_EQ(dev->tokens(0), c.tokens);
+  ASSERT_EQ(dev->tokens(c.layer), c.tokens);
 
   // Validity masks (the same words on both sides).
   const int nb = (c.tokens + B - 1) / B;
@@ -111,7 +118,7 @@ void run_case(const Case& c) {
         if (on) m[static_cast<std::size_t>(t / 64)] |= std::uint64_t{1} << (t % 64);
       }
       if (c.masks) {
-        const Status s = dev->set_valid(0, h, b, m);
+        const Status s = dev->set_valid(c.layer, h, b, m);
         ASSERT_TRUE(s) << s.error().message;
       }
     }
@@ -126,7 +133,7 @@ void run_case(const Case& c) {
   exact.v = d_ev.get();
   exact.count = c.exact;
   {
-    const Status s = dev->decode(0, d_q.get(), d_out.get(), exact, cuda::DecodeOptions{c.splits});
+    const Status s = dev->decode(c.layer, d_q.get(), d_out.get(), exact, cuda::DecodeOptions{c.splits});
     ASSERT_TRUE(s) << s.error().message;
     const Status sync = dev->synchronize();
     ASSERT_TRUE(sync) << sync.error().message;
@@ -141,7 +148,7 @@ void run_case(const Case& c) {
   std::vector<double> ref64(q.size(), 0.0);
   kernels::Scratch scratch;
   for (int h = 0; h < c.kv_heads; ++h) {
-    const auto blocks = host->blocks(0, h);
+    const auto blocks = host->blocks(c.layer, h);
     ASSERT_EQ(static_cast<int>(blocks.size()), nb);
     std::vector<kernels::BlockRef> refs;
     for (int b = 0; b < nb; ++b)
@@ -166,7 +173,7 @@ void run_case(const Case& c) {
     kernels::attend_scalar<typename Cfg::KC, typename Cfg::VC, false>(a, seg, host->block_layout(), scratch);
 
     // float64: the host's own dequantized rows (read_back), masked slots dropped, then exact rows.
-    auto contents = host->read_back(0, h);
+    auto contents = host->read_back(c.layer, h);
     ASSERT_TRUE(contents);
     std::vector<const float*> ks, vs;
     for (std::size_t r = 0; r < contents->indices.size(); ++r) {
@@ -215,26 +222,41 @@ using Configs = ::testing::Types<Config<Int4<>, Int4<>, 64>, Config<Int8<>, Int8
 TYPED_TEST_SUITE(CudaDecode, Configs);
 
 TYPED_TEST(CudaDecode, MatchesScalarKernelAcrossShapes) {
-  const int groups[] = {1, 3, 4, 8};
+  const int groups[] = {1, 2, 3, 4, 5, 6, 7, 8, 16};
   const int exacts[] = {0, 1, 7, 70};
   const int splits[] = {0, 1, 7};
   int i = 0;
-  for (int D : {64, 96, 128, 256}) {
+  for (int D : {64, 128, 256}) {
     if (D % TypeParam::KC::group_size != 0 || D % TypeParam::VC::group_size != 0) continue;
-    for (int tokens : {1, 31, 33, 95, 1000}) {
+    for (int tokens : {1, 31, 33, 95, 4000}) {
       Case c;
       c.D = D;
       c.tokens = tokens;
-      c.group = groups[i % 4];
+      c.group = groups[i % 9];
       c.kv_heads = 1 + i % 3;
       c.exact = exacts[(i / 2) % 4];
       c.splits = splits[i % 3];
+      c.layer = i % 2;
       c.seed = static_cast<std::uint32_t>(100 + i);
       run_case<TypeParam>(c);
       ++i;
     }
   }
   EXPECT_GE(i, 10);
+}
+
+// Every GQA group 1-8 and 16 at the default shape (each heads-per-CTA instantiation, and 16 =
+// two CTAs per KV head).
+TYPED_TEST(CudaDecode, EveryGroupSize) {
+  for (int group : {1, 2, 3, 4, 5, 6, 7, 8, 16}) {
+    Case c;
+    c.tokens = 95;
+    c.group = group;
+    c.exact = 1;
+    c.layer = 1;
+    c.seed = static_cast<std::uint32_t>(500 + group);
+    run_case<TypeParam>(c);
+  }
 }
 
 TYPED_TEST(CudaDecode, ValidityMasksSkipSlotsAndEmptyBlocks) {
@@ -263,12 +285,21 @@ TEST(CudaDecodeEdges, NoKeysGivesZerosAndExactRowsAlone) {
 
 TEST(CudaDecodeEdges, UnsupportedShapesAreRejected) {
   using Cache = KVCache<Keys<Int4<>>, Values<Int4<>>>;
-  auto wide_group = cuda::DeviceCache<Cache>::create(ModelShape{1, 32, 2, 128, 64, 0.f});
+  auto wide_group = cuda::DeviceCache<Cache>::create(ModelShape{1, 34, 1, 128, 64, 0.f});
   ASSERT_FALSE(wide_group);
   EXPECT_EQ(wide_group.error().code, Errc::unsupported);
   auto big_head = cuda::DeviceCache<Cache>::create(ModelShape{1, 8, 8, 512, 64, 0.f});
   ASSERT_FALSE(big_head);
   EXPECT_EQ(big_head.error().code, Errc::unsupported);
+  auto odd_head = cuda::DeviceCache<Cache>::create(ModelShape{1, 8, 8, 96, 64, 0.f});
+  ASSERT_FALSE(odd_head);
+  EXPECT_EQ(odd_head.error().code, Errc::unsupported);
+  // Blocks<512> INT8 head_dim 128: three staged blocks need ~400 KiB of shared memory.
+  using Big = KVCache<Keys<Int8<>>, Values<Int8<>>, Blocks<512>>;
+  auto too_big = cuda::DeviceCache<Big>::create(ModelShape{1, 8, 2, 128, 4096, 0.f});
+  ASSERT_FALSE(too_big);
+  EXPECT_EQ(too_big.error().code, Errc::unsupported);
+  EXPECT_NE(too_big.error().message.find("shared memory"), std::string::npos) << too_big.error().message;
   auto bad = cuda::DeviceCache<Cache>::create(ModelShape{1, 6, 4, 128, 64, 0.f});
   ASSERT_FALSE(bad);
   EXPECT_EQ(bad.error().code, Errc::invalid_argument);

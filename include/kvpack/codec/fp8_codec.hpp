@@ -22,13 +22,13 @@ namespace kvpack {
 /// FP8 element format tags.
 struct E4M3 {
   static constexpr float max = kE4M3Max;  // 448
-  [[nodiscard]] static std::uint8_t encode(float x) noexcept { return e4m3_from_float(x); }
-  [[nodiscard]] static float decode(std::uint8_t c) noexcept { return e4m3_to_float(c); }
+  [[nodiscard]] KVPACK_HOST_DEVICE static std::uint8_t encode(float x) noexcept { return e4m3_from_float(x); }
+  [[nodiscard]] KVPACK_HOST_DEVICE static float decode(std::uint8_t c) noexcept { return e4m3_to_float(c); }
 };
 struct E5M2 {
   static constexpr float max = kE5M2Max;  // 57344
-  [[nodiscard]] static std::uint8_t encode(float x) noexcept { return e5m2_from_float(x); }
-  [[nodiscard]] static float decode(std::uint8_t c) noexcept { return e5m2_to_float(c); }
+  [[nodiscard]] KVPACK_HOST_DEVICE static std::uint8_t encode(float x) noexcept { return e5m2_from_float(x); }
+  [[nodiscard]] KVPACK_HOST_DEVICE static float decode(std::uint8_t c) noexcept { return e5m2_to_float(c); }
 };
 
 /// FP8 codec with format F (E4M3 or E5M2), groups of GroupT::size values sharing one scale stored
@@ -44,7 +44,7 @@ struct Fp8Codec {
   static constexpr int meta_bytes_per_group = Meta::bytes;
   static constexpr double bits_per_value = 8 + 8.0 * meta_bytes_per_group / group_size;
 
-  [[nodiscard]] static constexpr std::size_t code_bytes(std::size_t n) noexcept { return n; }
+  [[nodiscard]] KVPACK_HOST_DEVICE static constexpr std::size_t code_bytes(std::size_t n) noexcept { return n; }
 
   /// Scale of `count` finite values x[0], x[stride], ...
   /// The group's values are NOT clamped to the metadata range (unlike the integer codecs' zero-point,
@@ -52,25 +52,27 @@ struct Fp8Codec {
   /// a group with amax 1e5 keeps its relative error bound with fp16 metadata (CASES C3). A scale
   /// beyond the metadata range saturates (65504 for fp16), and the values beyond 65504 * F::max then
   /// saturate to ±F::max * scale: finite, never Inf.
-  [[nodiscard]] static GroupParams derive(const float* x, std::ptrdiff_t stride, int count) noexcept {
+  [[nodiscard]] KVPACK_HOST_DEVICE static GroupParams derive(const float* x, std::ptrdiff_t stride, int count) noexcept {
     const auto [lo, hi] = detail::group_range(x, stride, count);
-    const float amax = std::max(-lo, hi);
+    const float amax = -lo < hi ? hi : -lo;  // std::max(-lo, hi)
     GroupParams p;
     if (amax == 0.f) p.scale = 1.f;
     else if (lo == hi) p.scale = detail::meta_round_up<Meta>(amax);
     else p.scale = detail::meta_round_up<Meta>(static_cast<double>(amax) / F::max);
     return p;
   }
-  [[nodiscard]] static unsigned encode_value(float x, GroupParams p) noexcept { return F::encode(x / p.scale); }
-  [[nodiscard]] static float decode_value(unsigned u, GroupParams p) noexcept {
+  [[nodiscard]] KVPACK_HOST_DEVICE static unsigned encode_value(float x, GroupParams p) noexcept {
+    return F::encode(detail::div_rn(x, p.scale));
+  }
+  [[nodiscard]] KVPACK_HOST_DEVICE static float decode_value(unsigned u, GroupParams p) noexcept {
     return F::decode(static_cast<std::uint8_t>(u)) * p.scale;
   }
-  static void store_code(std::byte* row, std::size_t i, unsigned u) noexcept { row[i] = static_cast<std::byte>(u); }
-  [[nodiscard]] static unsigned load_code(const std::byte* row, std::size_t i) noexcept {
+  KVPACK_HOST_DEVICE static void store_code(std::byte* row, std::size_t i, unsigned u) noexcept { row[i] = static_cast<std::byte>(u); }
+  [[nodiscard]] KVPACK_HOST_DEVICE static unsigned load_code(const std::byte* row, std::size_t i) noexcept {
     return static_cast<unsigned>(row[i]);
   }
-  static void store_params(GroupParams p, std::byte* dst) noexcept { detail::store_meta<Meta>(p.scale, dst); }
-  [[nodiscard]] static GroupParams load_params(const std::byte* src) noexcept {
+  KVPACK_HOST_DEVICE static void store_params(GroupParams p, std::byte* dst) noexcept { detail::store_meta<Meta>(p.scale, dst); }
+  [[nodiscard]] KVPACK_HOST_DEVICE static GroupParams load_params(const std::byte* src) noexcept {
     return GroupParams{detail::load_meta<Meta>(src), 0.f};
   }
 };

@@ -23,6 +23,7 @@
 
 #include "kvpack/codec/meta.hpp"
 #include "kvpack/codec/params.hpp"
+#include "kvpack/config.hpp"
 #include "kvpack/detail/pick.hpp"
 
 namespace kvpack {
@@ -45,22 +46,24 @@ struct IntCodec {
   static constexpr double bits_per_value = Bits + 8.0 * meta_bytes_per_group / group_size;
 
   /// Bytes holding n codes (n must be even for INT4).
-  [[nodiscard]] static constexpr std::size_t code_bytes(std::size_t n) noexcept { return n * Bits / 8; }
+  [[nodiscard]] KVPACK_HOST_DEVICE static constexpr std::size_t code_bytes(std::size_t n) noexcept {
+    return n * Bits / 8;
+  }
 
   /// Scale and zero-point of `count` values x[0], x[stride], ... (finite input), already rounded
   /// to the metadata precision.
-  [[nodiscard]] static GroupParams derive(const float* x, std::ptrdiff_t stride, int count) noexcept {
+  [[nodiscard]] KVPACK_HOST_DEVICE static GroupParams derive(const float* x, std::ptrdiff_t stride, int count) noexcept {
     auto [lo, hi] = detail::group_range(x, stride, count);
     constexpr float lim = detail::meta_max<Meta>;
-    lo = std::clamp(lo, -lim, lim);
-    hi = std::clamp(hi, -lim, lim);
+    lo = detail::clamp_f(lo, -lim, lim);
+    hi = detail::clamp_f(hi, -lim, lim);
     GroupParams p;
     if constexpr (asymmetric) {
       p.zero = detail::meta_round_down<Meta>(lo);
       const double range = static_cast<double>(hi) - p.zero;
       p.scale = range > 0 ? detail::meta_round_up<Meta>(range / qmax) : 1.f;
     } else {
-      const float amax = std::max(-lo, hi);
+      const float amax = -lo < hi ? hi : -lo;  // std::max(-lo, hi)
       if (amax == 0.f) {
         p.scale = 1.f;
       } else if (lo == hi) {
@@ -73,29 +76,29 @@ struct IntCodec {
   }
 
   /// Integer level of x under p: clamp then round half to even.
-  [[nodiscard]] static int quantize(float x, GroupParams p) noexcept {
-    const float t = (asymmetric ? x - p.zero : x) / p.scale;
-    const float c = std::clamp(t, static_cast<float>(qmin), static_cast<float>(qmax));
+  [[nodiscard]] KVPACK_HOST_DEVICE static int quantize(float x, GroupParams p) noexcept {
+    const float t = detail::div_rn(asymmetric ? detail::sub_rn(x, p.zero) : x, p.scale);
+    const float c = detail::clamp_f(t, static_cast<float>(qmin), static_cast<float>(qmax));
     return static_cast<int>(detail::round_half_even(c));
   }
   /// Reconstruction of integer level q.
-  [[nodiscard]] static float dequantize(int q, GroupParams p) noexcept {
+  [[nodiscard]] KVPACK_HOST_DEVICE static float dequantize(int q, GroupParams p) noexcept {
     return asymmetric ? p.zero + p.scale * static_cast<float>(q) : p.scale * static_cast<float>(q);
   }
   /// Stored (packed) form of level q, and back.
-  [[nodiscard]] static constexpr unsigned to_stored(int q) noexcept {
+  [[nodiscard]] KVPACK_HOST_DEVICE static constexpr unsigned to_stored(int q) noexcept {
     if constexpr (Bits == 4) return static_cast<unsigned>(q - qmin);  // symmetric: q + 8
     else if constexpr (asymmetric) return static_cast<unsigned>(q);
     else return static_cast<unsigned>(static_cast<std::uint8_t>(q));  // two's complement int8
   }
-  [[nodiscard]] static constexpr int from_stored(unsigned u) noexcept {
+  [[nodiscard]] KVPACK_HOST_DEVICE static constexpr int from_stored(unsigned u) noexcept {
     if constexpr (Bits == 4) return static_cast<int>(u) + qmin;
     else if constexpr (asymmetric) return static_cast<int>(u);
     else return static_cast<int>(static_cast<std::int8_t>(static_cast<std::uint8_t>(u)));
   }
 
   /// Packs stored code u as element i of a row of codes.
-  static void store_code(std::byte* row, std::size_t i, unsigned u) noexcept {
+  KVPACK_HOST_DEVICE static void store_code(std::byte* row, std::size_t i, unsigned u) noexcept {
     if constexpr (Bits == 4) {
       auto& b = reinterpret_cast<std::uint8_t&>(row[i / 2]);
       b = (i % 2 == 0) ? static_cast<std::uint8_t>((b & 0xF0u) | u) : static_cast<std::uint8_t>((b & 0x0Fu) | (u << 4));
@@ -104,21 +107,21 @@ struct IntCodec {
     }
   }
   /// Stored code of element i of a row of codes.
-  [[nodiscard]] static unsigned load_code(const std::byte* row, std::size_t i) noexcept {
+  [[nodiscard]] KVPACK_HOST_DEVICE static unsigned load_code(const std::byte* row, std::size_t i) noexcept {
     const auto b = static_cast<unsigned>(row[Bits == 4 ? i / 2 : i]);
     if constexpr (Bits == 4) return (i % 2 == 0) ? (b & 0x0Fu) : (b >> 4);
     else return b;
   }
   /// Encodes x under p into its stored code; decodes a stored code.
-  [[nodiscard]] static unsigned encode_value(float x, GroupParams p) noexcept { return to_stored(quantize(x, p)); }
-  [[nodiscard]] static float decode_value(unsigned u, GroupParams p) noexcept { return dequantize(from_stored(u), p); }
+  [[nodiscard]] KVPACK_HOST_DEVICE static unsigned encode_value(float x, GroupParams p) noexcept { return to_stored(quantize(x, p)); }
+  [[nodiscard]] KVPACK_HOST_DEVICE static float decode_value(unsigned u, GroupParams p) noexcept { return dequantize(from_stored(u), p); }
 
   /// Metadata layout: scale, then zero-point (asymmetric only), each Meta::bytes little-endian.
-  static void store_params(GroupParams p, std::byte* dst) noexcept {
+  KVPACK_HOST_DEVICE static void store_params(GroupParams p, std::byte* dst) noexcept {
     detail::store_meta<Meta>(p.scale, dst);
     if constexpr (asymmetric) detail::store_meta<Meta>(p.zero, dst + Meta::bytes);
   }
-  [[nodiscard]] static GroupParams load_params(const std::byte* src) noexcept {
+  [[nodiscard]] KVPACK_HOST_DEVICE static GroupParams load_params(const std::byte* src) noexcept {
     GroupParams p;
     p.scale = detail::load_meta<Meta>(src);
     if constexpr (asymmetric) p.zero = detail::load_meta<Meta>(src + Meta::bytes);

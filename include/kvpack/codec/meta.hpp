@@ -12,33 +12,67 @@
 #include <limits>
 
 #include "kvpack/codec/params.hpp"
+#include "kvpack/config.hpp"
 #include "kvpack/numeric.hpp"
 
 namespace kvpack::detail {
 
+/// Largest finite float (a constant device code can use; numeric_limits is host-only under nvcc).
+inline constexpr float kF32Max = 3.40282347e+38f;
+
+/// Neighbour of a finite float toward +Inf / -Inf (std::nextafter for finite input), by its bits
+/// so that device code can use it too.
+[[nodiscard]] KVPACK_HOST_DEVICE inline float next_up(float f) noexcept {
+  const auto u = bit_cast<std::uint32_t>(f);
+  if ((u & 0x7FFFFFFFu) == 0) return bit_cast<float>(1u);  // +-0 -> smallest subnormal
+  return bit_cast<float>((u & 0x80000000u) ? u - 1u : u + 1u);
+}
+[[nodiscard]] KVPACK_HOST_DEVICE inline float next_down(float f) noexcept { return -next_up(-f); }
+
 /// Smallest float >= d (d finite). Values beyond FLT_MAX saturate to FLT_MAX.
-[[nodiscard]] inline float f32_round_up(double d) noexcept {
+[[nodiscard]] KVPACK_HOST_DEVICE inline float f32_round_up(double d) noexcept {
   float f = static_cast<float>(d);
-  if (std::isinf(f)) return std::copysign(std::numeric_limits<float>::max(), f);
-  if (static_cast<double>(f) < d) f = std::nextafter(f, std::numeric_limits<float>::infinity());
+  if ((bit_cast<std::uint32_t>(f) & 0x7FFFFFFFu) == 0x7F800000u) return f > 0 ? kF32Max : -kF32Max;
+  if (static_cast<double>(f) < d) f = next_up(f);
   return f;
 }
 /// Largest float <= d (d finite). Values beyond -FLT_MAX saturate to -FLT_MAX.
-[[nodiscard]] inline float f32_round_down(double d) noexcept {
+[[nodiscard]] KVPACK_HOST_DEVICE inline float f32_round_down(double d) noexcept {
   float f = static_cast<float>(d);
-  if (std::isinf(f)) return std::copysign(std::numeric_limits<float>::max(), f);
-  if (static_cast<double>(f) > d) f = std::nextafter(f, -std::numeric_limits<float>::infinity());
+  if ((bit_cast<std::uint32_t>(f) & 0x7FFFFFFFu) == 0x7F800000u) return f > 0 ? kF32Max : -kF32Max;
+  if (static_cast<double>(f) > d) f = next_down(f);
   return f;
+}
+
+/// IEEE single division / subtraction, never contracted or approximated (also under nvcc
+/// --use_fast_math): every backend computes the same codes.
+[[nodiscard]] KVPACK_HOST_DEVICE inline float div_rn(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+[[nodiscard]] KVPACK_HOST_DEVICE inline float sub_rn(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+/// clamp of a float to [lo, hi] (std::clamp's expression; NaN passes through).
+[[nodiscard]] KVPACK_HOST_DEVICE constexpr float clamp_f(float v, float lo, float hi) noexcept {
+  return v < lo ? lo : (hi < v ? hi : v);
 }
 
 /// Largest magnitude a metadata value may take in this precision (±65504 for fp16).
 template <class Meta>
-inline constexpr float meta_max = std::is_same_v<Meta, MetaF16> ? kFp16Max : std::numeric_limits<float>::max();
+inline constexpr float meta_max = std::is_same_v<Meta, MetaF16> ? kFp16Max : kF32Max;
 
 /// Rounds d up to the metadata precision (exact directed rounding; double -> f32 -> f16 in the same
 /// direction equals a direct directed rounding because the f16 grid is a subset of the f32 grid).
 template <class Meta>
-[[nodiscard]] inline float meta_round_up(double d) noexcept {
+[[nodiscard]] KVPACK_HOST_DEVICE inline float meta_round_up(double d) noexcept {
   const float f = f32_round_up(d);
   if constexpr (std::is_same_v<Meta, MetaF16>) {
     return fp16_to_float(fp16_from_float(f, Rounding::toward_pos_inf));
@@ -48,7 +82,7 @@ template <class Meta>
 }
 /// Rounds d down to the metadata precision.
 template <class Meta>
-[[nodiscard]] inline float meta_round_down(double d) noexcept {
+[[nodiscard]] KVPACK_HOST_DEVICE inline float meta_round_down(double d) noexcept {
   const float f = f32_round_down(d);
   if constexpr (std::is_same_v<Meta, MetaF16>) {
     return fp16_to_float(fp16_from_float(f, Rounding::toward_neg_inf));
@@ -59,7 +93,7 @@ template <class Meta>
 
 /// Writes one metadata value (already representable in Meta) as little-endian bytes.
 template <class Meta>
-inline void store_meta(float v, std::byte* dst) noexcept {
+KVPACK_HOST_DEVICE inline void store_meta(float v, std::byte* dst) noexcept {
   if constexpr (std::is_same_v<Meta, MetaF16>) {
     const std::uint16_t h = fp16_from_float(v);
     std::memcpy(dst, &h, sizeof h);
@@ -69,7 +103,7 @@ inline void store_meta(float v, std::byte* dst) noexcept {
 }
 /// Reads one metadata value written by store_meta.
 template <class Meta>
-[[nodiscard]] inline float load_meta(const std::byte* src) noexcept {
+[[nodiscard]] KVPACK_HOST_DEVICE inline float load_meta(const std::byte* src) noexcept {
   if constexpr (std::is_same_v<Meta, MetaF16>) {
     std::uint16_t h;
     std::memcpy(&h, src, sizeof h);
@@ -84,17 +118,21 @@ template <class Meta>
 /// Round-half-to-even of a float already clamped to |v| < 2^22 (adding 1.5 * 2^23 forces the
 /// hardware's default round-to-nearest-even at integer granularity). Requires the default
 /// floating-point environment and no -ffast-math; bit-identical to the SIMD and CUDA paths.
-[[nodiscard]] inline float round_half_even(float v) noexcept {
+[[nodiscard]] KVPACK_HOST_DEVICE inline float round_half_even(float v) noexcept {
   constexpr float magic = 12582912.f;  // 1.5 * 2^23
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(__fadd_rn(v, magic), magic);
+#else
   const float t = v + magic;  // IEEE semantics forbid folding (v + m) - m without -ffast-math
   return t - magic;
+#endif
 }
 
 /// Minimum, maximum and maximum magnitude of `count` values read with a stride.
 struct GroupRange {
   float min, max;
 };
-[[nodiscard]] inline GroupRange group_range(const float* x, std::ptrdiff_t stride, int count) noexcept {
+[[nodiscard]] KVPACK_HOST_DEVICE inline GroupRange group_range(const float* x, std::ptrdiff_t stride, int count) noexcept {
   float lo = x[0], hi = x[0];
   for (int i = 1; i < count; ++i) {
     const float v = x[i * stride];
