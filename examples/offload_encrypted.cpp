@@ -1,6 +1,7 @@
 // What it shows: a cache larger than the memory you give it. Offload<DeviceTier, FileTier,
-// Prefetch<1>> keeps at most `resident_budget_bytes` of compressed blocks in memory and moves
-// older full blocks to a file, each sealed with an AEAD (AES-256-GCM with AES-NI, else
+// Prefetch<1>> aims at `resident_budget_bytes` of compressed blocks in memory (a target: the
+// layer being attended and the one prefetched stay pinned above it) and moves older full blocks
+// to a file, each sealed with an AEAD (AES-256-GCM with AES-NI, else
 // XChaCha20-Poly1305) under a per-cache key that never leaves RAM; attend() brings them back,
 // prefetching the next layer in the background. The attention output is bit-identical to the
 // same cache kept fully in memory, which the program checks. Needs libsodium (kvpack::offload).
@@ -20,15 +21,15 @@ using Codecs = kvpack::KVCache<kvpack::Keys<kvpack::Int4<kvpack::Group<32>>>, kv
 using Offloaded = kvpack::KVCache<kvpack::Keys<kvpack::Int4<kvpack::Group<32>>>, kvpack::Values<kvpack::Int4<kvpack::Group<32>>>,
                                   kvpack::Blocks<32>, ko::Offload<ko::DeviceTier, ko::FileTier, ko::Prefetch<1>>>;
 
-constexpr kvpack::ModelShape kShape{.layers = 4, .q_heads = 8, .kv_heads = 2, .head_dim = 64, .max_tokens = 2048};
+constexpr kvpack::ModelShape kShape{.layers = 8, .q_heads = 8, .kv_heads = 2, .head_dim = 64, .max_tokens = 2048};
 
 /// Runs 1024 tokens in chunks of 64 through `cache` (every layer appends, then attends) and
 /// returns the last chunk's attention output of every layer.
 template <class Cache>
 kvpack::Result<std::vector<float>> run(Cache& cache) {
-  const int n = 64, kv = n * kShape.kv_heads * kShape.head_dim;
-  std::vector<float> k(size_t(kv)), v(size_t(kv)), q(size_t(kv) * 4), out(q.size()), last;
-  std::vector<std::int32_t> pos(size_t(n));
+  constexpr int n = 64, kv = n * kShape.kv_heads * kShape.head_dim;
+  std::vector<float> k(static_cast<size_t>(kv)), v(k.size()), q(k.size() * 4), out(q.size()), last;
+  std::vector<std::int32_t> pos(static_cast<size_t>(n));
   for (std::int32_t t0 = 0; t0 < 1024; t0 += n) {
     for (int i = 0; i < n; ++i) pos[size_t(i)] = t0 + i;
     for (int i = 0; i < kv; ++i) k[size_t(i)] = std::sin(0.3f * float(t0 * 97 + i)), v[size_t(i)] = std::cos(0.7f * float(t0 + i));
@@ -44,7 +45,7 @@ kvpack::Result<std::vector<float>> run(Cache& cache) {
 
 int main() {
   ko::OffloadOptions opt;
-  opt.resident_budget_bytes = 64 << 10;  // 64 KiB of blocks in memory; the cache grows to ~1.3 MiB
+  opt.resident_budget_bytes = 64 << 10;  // 64 KiB of blocks in memory; the whole cache is ~1.4 MiB
   opt.file.directory = "";               // $TMPDIR or /tmp; the file is unlinked as soon as it is created
   auto off = Offloaded::create(kShape, opt);
   auto mem = Codecs::create(kShape);
