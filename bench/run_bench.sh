@@ -25,7 +25,11 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVPACK_BUILD_BENCH=ON 
 cmake --build "$build" --target kvpack_bench -j "$jobs"
 
 echo "load before the run: $(uptime)"
-"$build/bench/kvpack_bench" --benchmark_out="$build/bench-results.json" --benchmark_out_format=json "$@"
+# Progress bar on stderr (terminal, or KVPACK_PROGRESS=1): one step per benchmark printed
+# (stdbuf: line-buffered, so each result line arrives as it is printed).
+"$build/bench/kvpack_bench" --benchmark_list_tests "$@" >"$build/bench-names.txt"
+stdbuf -oL "$build/bench/kvpack_bench" --benchmark_out="$build/bench-results.json" --benchmark_out_format=json "$@" |
+  python3 "$root/tools/progress_lines.py" --names "$build/bench-names.txt"
 echo "load after the run:  $(uptime)"
 echo
 python3 "$root/bench/render_table.py" "$build/bench-results.json" \

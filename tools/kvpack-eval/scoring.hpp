@@ -1,0 +1,116 @@
+// kvpack-eval: scoring one window with one policy (llama-perplexity protocol, chunked so every
+// scored token reads compressed K/V): NLL, KL and top-1 agreement against the fp32 cache, KV
+// bytes and a timed decode on the first window, offload exactness against the twin policy.
+#pragma once
+
+#include <algorithm>
+#include <type_traits>
+
+#include "evaluator.hpp"
+
+namespace kvpack_eval {
+
+template <class Cache>
+kvpack::Status Evaluator::score(PolicyStats& st, const Window& w, bool baseline, bool first_window, Progress& prog,
+                                KvDump* dump) {
+  const auto n = static_cast<int64_t>(w.tokens.size());
+  auto cache = make_cache<Cache>(m_.cache_shape(capacity<Cache>(n, n + opt_.decode_tokens)), n, &st.offload);
+  if (!cache) return cache.error();
+  kvpack::Status hook_status;
+  const int64_t rows = n - 1 - w.first_row;
+  // Exactness check of "X+offload" against "X": X's raw logits are kept for this window.
+  const bool keep_twin = twins_.count(st.name) != 0;
+  const std::string twin = kl::offload_twin(st.name);
+  const RowMat* twin_logits = nullptr;
+  if (!twin.empty()) {
+    st.offload.twin = twin;
+    if (auto it = twin_logits_.find(twin); it != twin_logits_.end() && it->second.rows() == rows) {
+      twin_logits = &it->second;
+      st.offload.compared = true;
+    }
+  }
+  if (keep_twin) twin_logits_[st.name].resize(rows, m_.cfg.vocab);
+  if (baseline) {
+    base_.logprobs.resize(rows, m_.cfg.vocab);
+    base_.argmax.assign(size_t(rows), 0);
+  }
+  std::vector<float> kls;
+  double scoring_s = 0;
+  Eigen::RowVectorXf last;  // logits after the final token, for the decode timing
+  auto on_logits = [&](int64_t i0, RowMat& lg) {
+    const auto t0 = Clock::now();
+    if (i0 + lg.rows() == n) last = lg.row(lg.rows() - 1);
+    for (Eigen::Index r = 0; r < lg.rows(); ++r) {
+      const int64_t i = i0 + r, row = i - w.first_row;
+      if (i + 1 >= n) break;
+      if (keep_twin) twin_logits_[st.name].row(row) = lg.row(r);
+      if (twin_logits) {
+        st.offload.max_abs_dlogit = std::max(
+            st.offload.max_abs_dlogit, double((twin_logits->row(row) - lg.row(r)).cwiseAbs().maxCoeff()));
+        ++st.offload.compared_rows;
+      }
+      auto lp = lg.row(r);
+      kl::log_softmax(lp);
+      st.nll -= lp[w.tokens[size_t(i + 1)]];
+      ++st.scored;
+      Eigen::Index top = 0;
+      lp.maxCoeff(&top);
+      if (baseline) {
+        base_.logprobs.row(row) = lp;
+        base_.argmax[size_t(row)] = static_cast<int32_t>(top);
+        kls.push_back(0.f);
+        ++st.agree;
+      } else {
+        const auto p = base_.logprobs.row(row).array();
+        kls.push_back(std::max(0.f, (p.exp() * (p - lp.array())).sum()));
+        st.agree += top == base_.argmax[size_t(row)];
+      }
+    }
+    if constexpr (std::is_same_v<Cache, PlanCache>)
+      if (row_hook) row_hook(*cache, lg);
+    scoring_s += seconds_since(t0);
+  };
+  const auto t0 = Clock::now();
+  // Context (tokens before first_row) prefilled, compressed by SnapKV caches, then scored.
+  auto s = kl::run_prefill_then_score(
+      m_, *cache, w.tokens, w.first_row, w.first_row, opt_.chunk, on_logits,
+      [&, done = int64_t{0}](int64_t e) mutable {
+        prog.advance(e - done);
+        done = e;
+        if constexpr (std::is_same_v<Cache, PlanCache>)
+          if (plan_hook && hook_status) hook_status = plan_hook(*cache, e, n);
+      },
+      dump ? dump->tap() : (std::is_same_v<Cache, PlanCache> && kv_tap ? kv_tap : kl::KvTap{}));
+  if (!s) return s;
+  if (!hook_status) return hook_status;
+  st.prefill_s += seconds_since(t0) - scoring_s;
+  st.prefill_tokens += n;
+  st.kl.insert(st.kl.end(), kls.begin(), kls.end());
+  if (!first_window) return kl::collect_offload(*cache, st.offload);
+  st.kv_bytes = cache->memory_bytes();
+  st.kv_tokens = n;
+  st.kv_values = 0;
+  for (int l = 0; l < m_.cfg.layers; ++l)
+    for (int h = 0; h < m_.cfg.kv_heads; ++h) {  // tokens held after eviction, where a policy evicts
+      if constexpr (requires { cache->held_tokens(l, h); })
+        st.kv_values += cache->held_tokens(l, h) * m_.cfg.head_dim * 2;
+      else
+        st.kv_values += cache->tokens(l) * m_.cfg.head_dim * 2;
+    }
+  // Decode timing: greedy continuation, one token per forward (the output head included).
+  RowMat lg;
+  Eigen::Index next = 0;
+  if (last.size()) last.maxCoeff(&next);
+  const auto td = Clock::now();
+  for (int i = 0; i < opt_.decode_tokens; ++i) {
+    const int32_t t = static_cast<int32_t>(next);
+    if (auto e = m_.forward(*cache, std::span(&t, 1), static_cast<int32_t>(n + i), 0, lg); !e) return e;
+    lg.row(0).maxCoeff(&next);
+    prog.advance(1);
+  }
+  st.decode_s += seconds_since(td);
+  st.decode_tokens += opt_.decode_tokens;
+  return kl::collect_offload(*cache, st.offload);
+}
+
+}  // namespace kvpack_eval

@@ -1,0 +1,160 @@
+// The named KV-cache policies kvpack-eval knows: a compile-time list of (name, cache type) pairs
+// and a runtime dispatch from a name to a function template. Adding a policy is one line.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <kvpack/kvpack.hpp>
+#if defined(KVPACK_HAS_SODIUM)
+#include <kvpack/offload.hpp>
+#endif
+
+#include "reference_cache.hpp"
+
+namespace kvpack::llama {
+
+/// A string usable as a template argument (a policy's name).
+template <std::size_t N>
+struct PolicyName {
+  char text[N]{};
+  constexpr PolicyName(const char (&s)[N]) { std::copy_n(s, N, text); }  // NOLINT: implicit by design
+  [[nodiscard]] constexpr std::string_view view() const { return {text, N - 1}; }
+};
+
+/// One registry entry: `Name` selects cache type `Cache`; `Default` entries run when
+/// --policies is not given.
+template <PolicyName Name, class Cache, bool Default = true>
+struct Policy {
+  static constexpr std::string_view name = Name.view();
+  static constexpr bool in_defaults = Default;
+  using cache = Cache;
+};
+
+template <class... Ps>
+struct PolicyList {};
+
+/// Every policy kvpack-eval can run. "fp32" is the baseline the others are compared with.
+using Registry = PolicyList<
+    Policy<"fp32", KVCache<Keys<Fp32>, Values<Fp32>>>,
+    Policy<"fp16", KVCache<Keys<Fp16>, Values<Fp16>>>,
+    Policy<"int8", KVCache<Keys<Int8<Group<32>>>, Values<Int8<Group<32>>>>>,
+    Policy<"int4-g32", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>>>,
+    Policy<"int4-g64", KVCache<Keys<Int4<Group<64>>>, Values<Int4<Group<64>>>>>,
+    Policy<"k8v4", KVCache<Keys<Int8<Group<32>>>, Values<Int4<Group<32>>>>>,
+    Policy<"kivi4", KVCache<Keys<Int4<Group<32>>, PerChannel>, Values<Int4<Group<32>>>, Residual<128>>>,
+    // INT8 with per-channel keys (KIVI at 8 bits, no residual; int8's bytes at multiples of 32 tokens),
+    // a baseline for the planner at the INT8 budget (docs/RESULTS-planner.md; not default).
+    Policy<"kivi8", KVCache<Keys<Int8<Group<32>>, PerChannel>, Values<Int8<Group<32>>>>, false>,
+    Policy<"fp8-e4m3", KVCache<Keys<Fp8E4M3<Group<32>>>, Values<Fp8E4M3<Group<32>>>>>,
+    // Eviction at a 1024-token budget (not default: they only act on contexts above 1024).
+    Policy<"int4-g32+sink-window-1k", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SinkWindow<4, 1020>>, false>,
+    Policy<"int4-g32+h2o-1k", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, H2O<512, 508, 4>>, false>,
+    // Delta / keyframe coding (codec/keyframe.hpp; not default), 5.17 bits/value: fp16 keyframe every
+    // 64 tokens, INT4-g32 deltas, never-expand per interval; kf64-plain is the same layout and
+    // commit rule (up to 63 newest tokens in fp32) without deltas, the control. Measured
+    // (docs/RESULTS-keyframe.md, WikiText-2 ctx 2048 x 2): ΔPPL kf64-plain +3.12 %, anchor
+    // +1.15 %, chained +0.76 % (KL 0.0057) vs kivi4-r0 +0.67 % (KL 0.0070, 5.27 bits measured).
+    // Deltas help per-token keys (MSE / 4.2 chained), per-channel keys do as well; values: no.
+    Policy<"kf64-plain", KVCache<Keys<Keyframe<64, Int4<Group<32>>, Fp16, PlainOnly>>, Values<Keyframe<64, Int4<Group<32>>, Fp16, PlainOnly>>>, false>,
+    Policy<"kf64-anchor", KVCache<Keys<Keyframe<64, Int4<Group<32>>, Fp16, Anchor>>, Values<Keyframe<64, Int4<Group<32>>, Fp16, Anchor>>>, false>,
+    Policy<"kf64-chained", KVCache<Keys<Keyframe<64, Int4<Group<32>>, Fp16, Chained>>, Values<Keyframe<64, Int4<Group<32>>, Fp16, Chained>>>, false>,
+    // Control for kf64-*: KIVI keys without kivi4's 128-token fp32 residual (incomplete key group in fp32).
+    Policy<"kivi4-r0", KVCache<Keys<Int4<Group<32>>, PerChannel>, Values<Int4<Group<32>>>>, false>,
+    // Eviction at 50 % / 25 % of the context (not default). SinkWindow, H2O and BlockSparse resolve
+    // their Fraction<> against ModelShape::max_tokens, which kvpack-eval sets to the context (--ctx,
+    // or the needle length: see eval_capacity in kvpack_eval.cpp); at 4096 they hold 2048 / 1024
+    // tokens per layer and KV head, exactly SinkWindow<4, 2044 / 1020>, H2O<1024, 1020, 4 /
+    // 512, 508, 4> and BlockSparse<Tokens<2048 / 1024>>. SnapKV's fraction is of the prompt at
+    // compression, window included: 1024 / 512 of WikiText's 2048-token context, 2048 / 1024 of
+    // a 4096-token needle prompt (2045 / 1022 of its 4090 tokens). BlockSparse: 64-token blocks.
+    Policy<"sink-window-50", KVCache<SinkWindowBudget<Fraction<1, 2>>>, false>,
+    Policy<"sink-window-25", KVCache<SinkWindowBudget<Fraction<1, 4>>>, false>,
+    Policy<"h2o-50", KVCache<H2OBudget<Fraction<1, 2>>>, false>,
+    Policy<"h2o-25", KVCache<H2OBudget<Fraction<1, 4>>>, false>,
+    Policy<"snapkv-50", KVCache<SnapKVBudget<Fraction<1, 2>>>, false>,
+    Policy<"snapkv-25", KVCache<SnapKVBudget<Fraction<1, 4>>>, false>,
+    Policy<"block-sparse-50", KVCache<BlockSparse<Fraction<1, 2>>>, false>,
+    Policy<"block-sparse-25", KVCache<BlockSparse<Fraction<1, 4>>>, false>,
+    Policy<"int4-g32+sink-window-50", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SinkWindowBudget<Fraction<1, 2>>>, false>,
+    Policy<"int4-g32+sink-window-25", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SinkWindowBudget<Fraction<1, 4>>>, false>,
+    Policy<"int4-g32+h2o-50", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, H2OBudget<Fraction<1, 2>>>, false>,
+    Policy<"int4-g32+h2o-25", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, H2OBudget<Fraction<1, 4>>>, false>,
+    Policy<"int4-g32+snapkv-50", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SnapKVBudget<Fraction<1, 2>>>, false>,
+    Policy<"int4-g32+snapkv-25", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SnapKVBudget<Fraction<1, 4>>>, false>,
+    Policy<"int4-g32+block-sparse-50", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, BlockSparse<Fraction<1, 2>>>, false>,
+    Policy<"int4-g32+block-sparse-25", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, BlockSparse<Fraction<1, 4>>>, false>,
+#if defined(KVPACK_HAS_SODIUM)
+    // int4-g32 with full blocks offloaded to an encrypted file tier under a resident budget
+    // (--offload-budget, default 25 %), prefetching 2 layers ahead; logits must equal int4-g32's.
+    Policy<"int4-g32+offload", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>,
+                                       offload::Offload<offload::DeviceTier, offload::FileTier, offload::Prefetch<2>>>, false>,
+#endif
+    // SnapKV at 25 % with a max-pooling kernel of 7 or 9 instead of 5 (docs/RESULTS-snapkv-needle.md):
+    // SmolLM2 spells a 5-digit pass key as 6 tokens; the question's queries attend to the key's
+    // start, and kernel 5 (+-2 tokens) keeps its later digits in too few heads (4th digit lost at
+    // every depth). Kernel 9: needle 3/3 at 25 %, ΔPPL not worse. The -k9 budgets are the same
+    // fractions of the prompt as snapkv-50 / snapkv-25 (window included).
+    Policy<"snapkv-25-k7", KVCache<SnapKVBudget<Fraction<1, 4>, 32, 7>>, false>,
+    Policy<"snapkv-50-k9", KVCache<SnapKVBudget<Fraction<1, 2>, 32, 9>>, false>,
+    Policy<"snapkv-25-k9", KVCache<SnapKVBudget<Fraction<1, 4>, 32, 9>>, false>,
+    Policy<"int4-g32+snapkv-50-k9", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SnapKVBudget<Fraction<1, 2>, 32, 9>>, false>,
+    Policy<"int4-g32+snapkv-25-k9", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SnapKVBudget<Fraction<1, 4>, 32, 9>>, false>,
+    // Not run by default: the engine's own cache without kvpack, and a destructive cache (every V
+    // stored as zero) that proves the cache is in the path of every scored token.
+    Policy<"reference", ReferenceCache, false>,
+    Policy<"zero-v", ZeroValues<KVCache<Keys<Fp32>, Values<Fp32>>>, false>>;
+
+namespace detail {
+template <PolicyName Name, class... Ps>
+struct find_policy {
+  static_assert(sizeof...(Ps) > 0, "kvpack::llama::cache_for: no policy of that name in the Registry");
+};
+template <PolicyName Name, class P, class... Ps>
+struct find_policy<Name, P, Ps...> {
+  using type = typename std::conditional_t<P::name == Name.view(), std::type_identity<typename P::cache>,
+                                           find_policy<Name, Ps...>>::type;
+};
+template <PolicyName Name, class List>
+struct find_in;
+template <PolicyName Name, class... Ps>
+struct find_in<Name, PolicyList<Ps...>> : find_policy<Name, Ps...> {};
+}  // namespace detail
+
+/// The cache type registered under `Name`, e.g. cache_for<"int8">.
+template <PolicyName Name>
+using cache_for = typename detail::find_in<Name, Registry>::type;
+
+/// Names of the registered policies (all, or only those run by default), in registry order.
+[[nodiscard]] inline std::vector<std::string> policy_names(bool defaults_only) {
+  std::vector<std::string> out;
+  [&]<class... Ps>(PolicyList<Ps...>) {
+    (..., (defaults_only && !Ps::in_defaults ? void() : void(out.emplace_back(Ps::name))));
+  }(Registry{});
+  return out;
+}
+
+/// Whether `name` is a registered policy.
+[[nodiscard]] inline bool has_policy(std::string_view name) {
+  const auto all = policy_names(false);
+  return std::find(all.begin(), all.end(), name) != all.end();
+}
+
+/// Calls `f.template operator()<Cache>()` with the cache type registered under `name` and
+/// returns its result. `f` must return R for every cache type; returns `otherwise` for an
+/// unknown name. One instantiation of `f` per registered policy.
+template <class R, class F>
+R with_policy(std::string_view name, F&& f, R otherwise) {
+  R result = std::move(otherwise);
+  [&]<class... Ps>(PolicyList<Ps...>) {
+    (void)((Ps::name == name ? (result = f.template operator()<typename Ps::cache>(), true) : false) || ...);
+  }(Registry{});
+  return result;
+}
+
+}  // namespace kvpack::llama
