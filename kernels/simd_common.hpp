@@ -133,6 +133,7 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
     std::fill_n(s.logits.begin(), need, kNegInf);
   }
   const std::int64_t last_query = a.q_first + a.n_q - 1;
+  bool logit_overflow = false;  // a logit beyond fp32: the polynomial exp would hide it
   auto q_of = [&](int st) { return a.q + (st / G) * a.q_stride + (st % G) * D; };
   auto acc_of = [&](int st) { return s.acc.data() + static_cast<std::size_t>(st) * Dz; };
   auto row_of = [&](int st) { return mem.scores + static_cast<std::size_t>(st) * T; };
@@ -179,11 +180,17 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
         std::fill_n(row, T, 0.f);
         continue;
       }
+      logit_overflow |= !(mx <= std::numeric_limits<float>::max());  // +inf logit: output NaN below
       const float m_new = std::max(s.m[static_cast<std::size_t>(st)], mx);
       const float corr = std::exp(s.m[static_cast<std::size_t>(st)] - m_new);  // 0 on the first tile
       const float sum = Isa::exp_sum(row, m_new);
-      s.l[static_cast<std::size_t>(st)] = s.l[static_cast<std::size_t>(st)] * corr + sum;
-      if (corr != 1.f) Isa::scale(acc_of(st), D, corr);
+      // acc stays the normalized output (weights p / l): bounded by max |v|, never overflows
+      // when the exact output is finite (see scalar_detail::accumulate_tile).
+      const float l_old = s.l[static_cast<std::size_t>(st)] * corr;
+      const float l = l_old + sum, inv = 1.f / l;
+      s.l[static_cast<std::size_t>(st)] = l;
+      Isa::scale(acc_of(st), D, l_old * inv);
+      Isa::scale(row, T, inv);
       s.m[static_cast<std::size_t>(st)] = m_new;
     }
     // 3. Accumulate V. Masked-out slots are skipped (their bytes need not decode to finite values);
@@ -286,7 +293,8 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
   }
   for (int st = 0; st < n_states; ++st) {
     const float l = s.l[static_cast<std::size_t>(st)];
-    Isa::store_scaled(a.out + (st / G) * a.out_stride + (st % G) * D, acc_of(st), D, l > 0.f ? 1.f / l : 0.f);
+    const float c = logit_overflow ? std::numeric_limits<float>::quiet_NaN() : (l > 0.f ? 1.f : 0.f);
+    Isa::store_scaled(a.out + (st / G) * a.out_stride + (st % G) * D, acc_of(st), D, c);
   }
 }
 

@@ -19,6 +19,7 @@
 #include "kvpack/cache/block.hpp"
 #include "kvpack/cache/offload_hooks.hpp"
 #include "kvpack/detail/secure_zero.hpp"
+#include "kvpack/executor.hpp"
 #include "kvpack/eviction/block_sparse.hpp"
 #include "kvpack/eviction/policies.hpp"
 #include "kvpack/eviction/snapkv_select.hpp"
@@ -26,6 +27,7 @@
 #include "kvpack/result.hpp"
 #include "dispatch.hpp"
 #include "scalar/keyframe_attention.hpp"
+#include "split_k.hpp"
 
 namespace kvpack {
 
@@ -224,6 +226,7 @@ class KVCache {
         refs_(std::move(o.refs_)),
         mass_(std::move(o.mass_)),
         head_mass_(std::move(o.head_mass_)),
+        par_(std::move(o.par_)),
         off_(std::move(o.off_)) {
     o.layers_.clear();
     o.shape_.layers = 0;
@@ -240,6 +243,7 @@ class KVCache {
       refs_ = std::move(o.refs_);
       mass_ = std::move(o.mass_);
       head_mass_ = std::move(o.head_mass_);
+      par_ = std::move(o.par_);
       off_ = std::move(o.off_);
       o.layers_.clear();
       o.shape_.layers = 0;
@@ -325,14 +329,28 @@ class KVCache {
     return {};
   }
 
+  /// Runs attend() in parallel through `executor` (include/kvpack/executor.hpp; e.g.
+  /// kvpack::thread_executor(2) or an engine's pool): every KV head is a task, and each head's
+  /// context is cut into up to `splits` chunks of whole blocks whose partial softmax states are
+  /// combined exactly (split-K, kernels/split_k.hpp; outputs equal the serial ones up to fp32
+  /// rounding). H2O/BlockSparse heads are not split (their scores need the whole context) but run
+  /// in parallel. An empty executor (the default) attends serially on the calling thread.
+  /// splits < 1 counts as 1.
+  void set_executor(Executor executor, int splits = 1) {
+    par_.exec = std::move(executor);
+    par_.splits = std::max(1, splits);
+  }
+
   /// Attention of the last n_q tokens appended to `layer` over everything the layer holds.
   /// q, out: [n_q][q_heads][head_dim] float32 (q post-RoPE). Query i sits at cache index
   /// tokens(layer) - n_q + i and sees every token up to and including itself (causal prefill;
   /// n_q = 1 is decode). GQA: query head h reads KV head h / (q_heads / kv_heads).
   /// Errors (Errc::invalid_argument): layer out of range; q not a whole number of tokens;
   /// n_q = 0 or larger than the latest append; out.size() != q.size(). Errc::non_finite: NaN/Inf
-  /// in q (checked first), or an output that overflowed fp32 (finite but huge q, K or V: |q.k| *
-  /// scale or the value sum beyond 3.4e38). On any error the cache is unchanged (H2O/BlockSparse
+  /// in q (checked first), or a non-finite output: a logit |q.k| * scale beyond 3.4e38 (fp32),
+  /// or K/V values themselves so large that the output is. The kernels keep the value accumulation
+  /// normalized (weights that sum to 1), so finite K/V whose exact output is finite (e.g. every
+  /// value 1e37) give that output, never an overflow. On any error the cache is unchanged (H2O/BlockSparse
   /// scores and SnapKV's observation window included); `out` is unspecified after a non-finite
   /// output error and untouched after the others.
   Status attend(int layer, std::span<const float> q, std::span<float> out) {
@@ -361,7 +379,25 @@ class KVCache {
       if (Status s = off_.begin_attend(layer); !s) return s;
     }
     if constexpr (is_h2o || is_block_sparse) head_mass_.resize(static_cast<std::size_t>(shape_.kv_heads));
-    for (int h = 0; h < shape_.kv_heads; ++h) {
+    if (par_.exec) {  // every KV head a job, split into chunks over the executor (kernels/split_k.hpp)
+      const auto H = static_cast<std::size_t>(shape_.kv_heads);
+      par_.refs.resize(H);
+      par_.jobs.resize(H);
+      for (int h = 0; h < shape_.kv_heads; ++h) {
+        const auto hz = static_cast<std::size_t>(h);
+        par_.jobs[hz] = {args_for(L, h, q.data() + static_cast<std::int64_t>(h) * group * shape_.head_dim,
+                                  out.data() + static_cast<std::int64_t>(h) * group * shape_.head_dim, n_q, group),
+                         segments(L, h, par_.refs[hz])};
+        if constexpr (is_h2o || is_block_sparse) {
+          head_mass_[hz].assign(static_cast<std::size_t>(ordinals(par_.jobs[hz].seg)), 0.f);
+          par_.jobs[hz].args.key_mass = head_mass_[hz].data();
+        }
+      }
+      kernels::attend_parallel(std::span<const kernels::HeadJob>(par_.jobs), par_.splits, par_.exec, par_.scratch,
+                               [this](const kernels::AttendArgs& a, const kernels::HeadSegments& seg,
+                                      kernels::Scratch& s) { run_kernel(a, seg, s); });
+    }
+    for (int h = 0; h < shape_.kv_heads && !par_.exec; ++h) {
       kernels::AttendArgs a = args_for(L, h, q.data() + static_cast<std::int64_t>(h) * group * shape_.head_dim,
                                        out.data() + static_cast<std::int64_t>(h) * group * shape_.head_dim, n_q, group);
       const kernels::HeadSegments seg = segments(L, h);
@@ -382,7 +418,7 @@ class KVCache {
         return fail(Errc::non_finite, "attend: layer " + std::to_string(layer) + ": attention output " +
                                           std::to_string(out[i]) + " at query " + std::to_string(i / qrow) +
                                           ", q head " + std::to_string((i % qrow) / static_cast<std::size_t>(shape_.head_dim)) +
-                                          " overflowed fp32 (q, K or V too large); scores not updated");
+                                          " is not finite (a logit q.k * scale overflowed fp32, or K/V too large); scores not updated");
     if constexpr (is_h2o || is_block_sparse) {
       for (int h = 0; h < shape_.kv_heads; ++h) credit_mass(L, h, segments(L, h), head_mass_[static_cast<std::size_t>(h)]);
     }
@@ -726,8 +762,10 @@ class KVCache {
   }
 
   // Segments of KV head h: sinks, blocks (masked for eviction caches), pending before the latest
-  // chunk, and the latest chunk (exact). Fills refs_.
-  kernels::HeadSegments segments(const Layer& L, int h) {
+  // chunk, and the latest chunk (exact). Fills refs (refs_ unless given: one vector per head when
+  // the heads run in parallel).
+  kernels::HeadSegments segments(const Layer& L, int h) { return segments(L, h, refs_); }
+  kernels::HeadSegments segments(const Layer& L, int h, std::vector<kernels::BlockRef>& refs) {
     const int D = shape_.head_dim;
     const std::int64_t stride = static_cast<std::int64_t>(row_floats());
     const std::int64_t hoff = static_cast<std::int64_t>(h) * D;
@@ -740,7 +778,7 @@ class KVCache {
       return buf.empty() ? nullptr : buf.data() + first_row * stride + hoff;
     };
     seg.sinks = {rows(L.sink_k, 0), rows(L.sink_v, 0), stride, 0, L.sinks_held};
-    refs_.clear();
+    refs.clear();
     const auto pend_n = static_cast<std::int64_t>(L.pend_pos.size());
     const std::int64_t pend_first = L.total - pend_n;
     if constexpr (evicts) {
@@ -755,21 +793,21 @@ class KVCache {
         }
         const std::int64_t count =
             any ? std::min<std::int64_t>(block_tokens, n_slots - static_cast<std::int64_t>(b) * block_tokens) : 0;
-        refs_.push_back({H.blocks[b].data.get(), 0, static_cast<int>(count), w});  // count 0: skipped unread
+        refs.push_back({H.blocks[b].data.get(), 0, static_cast<int>(count), w});  // count 0: skipped unread
       }
     } else {
       for (const Block& b : H.blocks) {
-        const std::int64_t first = L.sinks_held + static_cast<std::int64_t>(refs_.size()) * block_tokens;
+        const std::int64_t first = L.sinks_held + static_cast<std::int64_t>(refs.size()) * block_tokens;
         const std::int64_t count = std::min<std::int64_t>(b.header.count, chunk_start - first);
         if (count <= 0) break;
         const std::byte* data = b.data.get();
         if constexpr (offloads) {
-          if (!data) data = off_.view(h, refs_.size());  // pinned by begin_attend
+          if (!data) data = off_.view(h, refs.size());  // pinned by begin_attend
         }
-        refs_.push_back({data, first, static_cast<int>(count), nullptr, b.header.flags});
+        refs.push_back({data, first, static_cast<int>(count), nullptr, b.header.flags});
       }
     }
-    seg.blocks = refs_;
+    seg.blocks = refs;
     const std::int64_t pend_count = std::max<std::int64_t>(0, chunk_start - pend_first);
     seg.pending = {rows(L.pend_k, 0), rows(L.pend_v, 0), stride, pend_first, std::min(pend_count, pend_n)};
     const std::int64_t chunk_first = std::max<std::int64_t>(chunk_start, L.sinks_held);
@@ -783,11 +821,12 @@ class KVCache {
            seg.chunk.count;
   }
 
-  void run_kernel(const kernels::AttendArgs& a, const kernels::HeadSegments& seg) {
+  void run_kernel(const kernels::AttendArgs& a, const kernels::HeadSegments& seg) { run_kernel(a, seg, scratch_); }
+  void run_kernel(const kernels::AttendArgs& a, const kernels::HeadSegments& seg, kernels::Scratch& s) const {
     if constexpr (any_keyframe)
-      kernels::attend_keyframe<key_codec, value_codec>(a, seg, layout_, scratch_);
+      kernels::attend_keyframe<key_codec, value_codec>(a, seg, layout_, s);
     else
-      kernels::attend<backend_tag, key_codec, value_codec, keys_per_channel>(a, seg, layout_, scratch_);
+      kernels::attend<backend_tag, key_codec, value_codec, keys_per_channel>(a, seg, layout_, s);
   }
 
   // Adds `mass` (ordinal layout of AttendArgs::key_mass) to slot and pending scores of head h.
@@ -1175,6 +1214,13 @@ class KVCache {
   std::vector<kernels::BlockRef> refs_;
   std::vector<float> mass_;
   std::vector<std::vector<float>> head_mass_;  // H2O/BlockSparse: each KV head's mass of the current attend
+  struct Parallel {  // set_executor(): attend's executor, chunks per head and their working memory
+    Executor exec;
+    int splits = 1;
+    kernels::ParallelScratch scratch;
+    std::vector<std::vector<kernels::BlockRef>> refs;
+    std::vector<kernels::HeadJob> jobs;
+  } par_;
   typename OffloadP::state off_;  // offload store and attend-time handles (empty without Offload<>)
 };
 
