@@ -235,7 +235,8 @@ inline void int_accumulate(float* const* acc, const float* const* p, const std::
   for (int t = 0; t < 16; ++t) {
     if (t < n && ((live >> t) & 1u)) {
       token_params<C>(meta + static_cast<std::size_t>(t) * meta_row, ng, vs + t, vz + t);
-      for (int g = 0; g < ng; ++g) vz[g * 16 + t] += 8.f * vs[g * 16 + t];  // x̂ = zero + 8 scale + scale (u - 8)
+      if constexpr (C::asymmetric)  // x̂ = zero + 8 scale + scale (u - 8); symmetric: scale (u - 8)
+        for (int g = 0; g < ng; ++g) vz[g * 16 + t] += 8.f * vs[g * 16 + t];
     } else {
       for (int g = 0; g < ng; ++g) vs[g * 16 + t] = vz[g * 16 + t] = 0.f;  // dead slot: weight 0
     }
