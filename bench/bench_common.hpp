@@ -367,8 +367,10 @@ struct PlainCache {
 ///  * roofline     GB/s divided by the same-process probe at the same thread count
 ///  * tok/s        decoded tokens per second through one layer (all threads together)
 ///  * probe_GB/s   the probe figure used
-inline void set_decode_counters(benchmark::State& st, double bytes) {
-  const double probe = read_bandwidth(st.threads()).gbps * 1e9;
+///  * workers      threads that worked on one sequence (split-K / ggml rows; else the bench threads)
+inline void set_decode_counters(benchmark::State& st, double bytes, int workers = 0) {
+  const int probe_threads = workers > 0 ? workers : st.threads();
+  const double probe = read_bandwidth(probe_threads).gbps * 1e9;
   const auto iters = static_cast<double>(st.iterations());
   using C = benchmark::Counter;
   st.counters["kv_bytes"] = C(bytes, C::kAvgThreads);
@@ -376,11 +378,17 @@ inline void set_decode_counters(benchmark::State& st, double bytes) {
   st.counters["roofline"] = C(bytes * iters / probe, C::kIsRate);
   st.counters["tok/s"] = C(iters, C::kIsRate);
   st.counters["probe_GB/s"] = C(probe / 1e9, C::kAvgThreads);
+  if (workers > 0) st.counters["workers"] = C(workers, C::kAvgThreads);
 }
+
+/// Decode context lengths: KVPACK_BENCH_CONTEXTS (default 1024,4096,32768).
+[[nodiscard]] inline std::vector<int> decode_contexts() { return env_ints("KVPACK_BENCH_CONTEXTS", {1024, 4096, 32768}); }
 
 /// Registration hooks of the suite's translation units, called from main in this order.
 void register_memory_benchmarks();
 void register_append_benchmarks();
 void register_attention_benchmarks();
+void register_splitk_benchmarks();
+void register_llamacpp_benchmarks();  // only with KVPACK_BENCH_HAS_LLAMACPP (bench/peers/)
 
 }  // namespace kvpack_bench

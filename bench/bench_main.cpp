@@ -1,6 +1,6 @@
 // Entry point of kvpack_bench: measures the bandwidth probe once per thread count (before any
 // case, so no case pays for it), records it and the build in the JSON context, registers the
-// cases (memory, append/prefill, decode attention) and runs Google Benchmark.
+// cases (memory, append/prefill, decode attention, split-K decode of one sequence, the llama.cpp peer) and runs Google Benchmark.
 #include <string>
 
 #include "bench_common.hpp"
@@ -21,6 +21,10 @@ int main(int argc, char** argv) {
   kvpack_bench::register_memory_benchmarks();
   kvpack_bench::register_append_benchmarks();
   kvpack_bench::register_attention_benchmarks();
+  kvpack_bench::register_splitk_benchmarks();
+#if defined(KVPACK_BENCH_HAS_LLAMACPP)
+  kvpack_bench::register_llamacpp_benchmarks();
+#endif
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

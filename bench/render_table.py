@@ -46,11 +46,15 @@ def load(path, clock="wall"):
         r = dict(b)
         r.update(kind=parts[0], config=parts[1], backend=parts[2], shape=parts[3], n=int(parts[4]),
                  threads=int(b.get("threads", 1)))
+        # decode-seq rows: one sequence on W workers (kvpack split-K executor, ggml threadpool).
+        for extra in parts[5:]:
+            if extra.startswith("workers:"):
+                r["threads"] = int(extra.split(":")[1])
         r["us"] = b["real_time"] * TO_US[b.get("time_unit", "ns")] if "real_time" in b else None
         r["error"] = b.get("error_message") if b.get("error_occurred") else None
         # Share of a core each benchmark thread got: Google Benchmark sums CPU time over threads
         # and averages wall time; well below 1 means the machine was busy with other work.
-        if "cpu_time" in b and b.get("real_time"):
+        if "cpu_time" in b and b.get("real_time") and r["kind"] != "decode-seq":
             r["cpu_share"] = b["cpu_time"] / (b["real_time"] * r["threads"])
             if clock == "cpu" and r["cpu_share"] > 0:
                 r["us"] *= r["cpu_share"]
@@ -185,6 +189,8 @@ def render(context, rows, clock="wall"):
             md.append(f"\n### Decode attention, {top // 1024}k context, {SHAPE_LABEL.get(shape, shape)}, backend {be}\n")
             md.append(table(header, body))
 
+    md += render_seq(rows)
+
     # Detail: every context, per shape and thread count.
     for be in backends:
         for shape in shapes:
@@ -265,6 +271,82 @@ def render(context, rows, clock="wall"):
         md.append("\n### Memory per token per layer (bytes; payload = codes + scales/zero-points)\n")
         md.append(table(header, body))
     return "\n".join(md) + "\n"
+
+
+# Issue 17's targets, from one run: (label, shape, ctx, workers, case, reference case, op, threshold).
+TODAY_MS = {("8b-class", 32768): 19.1, ("smollm2-135m", 32768): 2.47}  # int4-g32, AVX2, 1 thread, before issue 17
+
+
+def render_seq(rows):
+    """Side-by-side decode of ONE sequence: kvpack (split-K over W workers) beside llama.cpp's ggml
+    flash attention (threadpool of W) and the probe, per shape and context; then the targets."""
+    seq = [r for r in rows if r["kind"] == "decode-seq"]
+    if not seq:
+        return []
+    ix = Index(seq)
+    md = []
+    workers = sorted(ordered(r["threads"] for r in seq))
+    for shape in ordered(r["shape"] for r in seq):
+        for ctx in sorted(ordered(r["n"] for r in seq if r["shape"] == shape), reverse=True):
+            cases = ordered((r["config"], r["backend"]) for r in seq if r["shape"] == shape and r["n"] == ctx)
+            cases.sort(key=lambda c: (c[1] != "ggml", c[1], c[0]))
+            header = ["case", "bytes/token"]
+            for w in workers:
+                header += [f"{w}W time", f"{w}W GB/s", f"{w}W roofline", f"{w}W × llama.cpp f16"]
+            body = []
+            for cfg, be in cases:
+                first = next((ix.get("decode-seq", cfg, be, shape, ctx, w) for w in workers
+                              if ix.get("decode-seq", cfg, be, shape, ctx, w)), None)
+                if first is None:
+                    continue
+                name = f"llama.cpp {cfg[len('llamacpp-'):]}" if be == "ggml" else f"kvpack {cfg} ({be})"
+                row = [name, f"{first.get('kv_bytes', 0) / ctx:.1f}"]
+                for w in workers:
+                    r = ix.get("decode-seq", cfg, be, shape, ctx, w)
+                    base = ix.get("decode-seq", "llamacpp-f16", "ggml", shape, ctx, w)
+                    if r is None or r["error"]:
+                        row += ["-" if r is None else "error", "", "", ""]
+                        continue
+                    row += [fmt_time(r["us"]), f"{r.get('GB/s', 0):.1f}", fmt_pct(r.get("roofline")),
+                            fmt_ratio(base["us"] / r["us"] if base and not base["error"] and base["us"] else None)]
+                body.append(row)
+            probes = ", ".join(f"{w}W {ix.get('decode-seq', *cases[0], shape, ctx, w).get('probe_GB/s', 0):.1f} GB/s"
+                               for w in workers if ix.get("decode-seq", *cases[0], shape, ctx, w))
+            md.append(f"\n### One sequence, {ctx // 1024}k context, {SHAPE_LABEL.get(shape, shape)}: kvpack vs llama.cpp "
+                      f"(probe {probes})\n")
+            md.append(table(header, body))
+
+    def t(cfg, be, shape, ctx, w):
+        r = ix.get("decode-seq", cfg, be, shape, ctx, w)
+        return None if r is None or r["error"] else r
+
+    simd = next((b for b in ("avx2", "neon") if any(r["backend"] == b for r in seq)), "scalar")
+    lines = []
+    for shape in ordered(r["shape"] for r in seq):
+        ctx = 32768
+        i4, f16k = t("int4-g32", simd, shape, ctx, 1), t("fp16", simd, shape, ctx, 1)
+        lf16, lq8 = t("llamacpp-f16", "ggml", shape, ctx, 1), t("llamacpp-q8_0", "ggml", shape, ctx, 1)
+        i4w = t("int4-g32", simd, shape, ctx, max(workers))
+        if i4 is None:
+            continue
+        today = TODAY_MS.get((shape, ctx))
+        def chk(x, ok):
+            return "-" if x is None else f"{x:.2f} ({'met' if ok(x) else 'missed'})"
+        lines.append([shape, chk(today * 1e3 / i4["us"] if today else None, lambda x: x >= 4),
+                      chk(lf16["us"] / i4["us"] if lf16 else None, lambda x: x >= 4),
+                      chk(i4w.get("roofline") if i4w else None, lambda x: x >= 0.45),
+                      chk(i4["us"] / f16k["us"] if f16k else None, lambda x: x <= 0.45),
+                      chk(lq8["us"] / t("int8", simd, shape, ctx, 1)["us"] if lq8 and t("int8", simd, shape, ctx, 1) else None,
+                          lambda x: x >= 3),
+                      chk(lq8["us"] / t("k8v4", simd, shape, ctx, 1)["us"] if lq8 and t("k8v4", simd, shape, ctx, 1) else None,
+                          lambda x: x >= 3)])
+    if lines:
+        md.append(f"\n### Issue 17 targets (32k, int4-g32, backend {simd}, ratios from this run)\n")
+        md.append(table(["shape", "1W speed-up vs before (≥ 4)", "1W × llama.cpp f16 (≥ 4)",
+                         f"{max(workers)}W split-K roofline (≥ 0.45)", "int4 / own fp16 time (≤ 0.45)",
+                         "int8 × llama.cpp q8_0 (≥ 3)", "k8v4 × llama.cpp q8_0 (≥ 3)"], lines))
+        md.append("\n'before' = the issue's AVX2 int4-g32 figure on this machine (19.1 ms 8B, 2.47 ms SmolLM2, 1 thread).")
+    return md
 
 
 def plot(rows, png):

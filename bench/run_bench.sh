@@ -11,17 +11,26 @@
 #   KVPACK_BENCH_JOBS            build jobs (default 2)
 #   KVPACK_BENCH_CONTEXTS        decode context lengths (default 1024,4096,32768; 131072 if RAM allows)
 #   KVPACK_BENCH_PREFILL_SHAPES  smollm2-135m (default) or all
+#   KVPACK_BENCH_LLAMACPP        ON (default): build ggml from the llama.cpp sources of the
+#                                llama-cpp-python 0.3.36 sdist (bench/peers/fetch_llamacpp.sh,
+#                                pip download on first use) and run its flash attention beside
+#                                kvpack (decode-seq/llamacpp-*); OFF: kvpack only
 set -euo pipefail
 start=$(date +%s)
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${KVPACK_BENCH_BUILD_DIR:-$root/build-bench}
 jobs=${KVPACK_BENCH_JOBS:-2}
 native=${KVPACK_BENCH_NATIVE:-ON}
+llamacpp=${KVPACK_BENCH_LLAMACPP:-ON}
+peer=()
+if [[ "$llamacpp" == ON ]]; then
+  peer=(-DKVPACK_BENCH_LLAMACPP=ON "-DKVPACK_LLAMACPP_DIR=$("$root/bench/peers/fetch_llamacpp.sh")")
+fi
 
 launcher=()
 if command -v ccache >/dev/null 2>&1; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVPACK_BUILD_BENCH=ON -DKVPACK_BUILD_TESTS=OFF \
-  -DKVPACK_BUILD_EXAMPLES=OFF -DKVPACK_BENCH_NATIVE="$native" "${launcher[@]}" >/dev/null
+  -DKVPACK_BUILD_EXAMPLES=OFF -DKVPACK_BENCH_NATIVE="$native" "${peer[@]}" "${launcher[@]}" >/dev/null
 cmake --build "$build" --target kvpack_bench -j "$jobs"
 
 echo "load before the run: $(uptime)"

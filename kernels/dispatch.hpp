@@ -2,8 +2,8 @@
 //
 //   kvpack::kernels::attend<BackendTag, KC, VC, KPerChannel>(args, segments, layout, scratch)
 //
-// runs attend_avx2, attend_neon or attend_scalar (same signature and semantics, outputs equal to
-// 1e-5 relative). Tags (include/kvpack/policy.hpp):
+// runs attend_avx2, attend_neon or attend_scalar (same signature and semantics; outputs equal to
+// 1e-5 relative, except where query_int8_group below is non-zero: integer Q·K, bounded error). Tags (include/kvpack/policy.hpp):
 //   Auto    the best kernel this translation unit is compiled for: Avx2 when KVPACK_HAS_AVX2,
 //           else Neon when KVPACK_HAS_NEON, else Scalar (config.hpp maps compiler macros;
 //           KVPACK_DISABLE_SIMD forces Scalar);
@@ -85,6 +85,35 @@ inline constexpr std::string_view backend_name = std::is_same_v<Tag, Avx2>   ? "
                                                  : std::is_same_v<Tag, Neon> ? "neon"
                                                  : std::is_same_v<Tag, Cuda> ? "cuda"
                                                                              : "scalar";
+
+/// Key group size over which backend Tag quantizes the query to int8 for integer Q·K with key
+/// codec KC (kernels/avx2/int_dot.hpp), or 0 when its scores are fp32 (within 1e-5 of the
+/// scalar kernel). Such a backend's logits differ from the exact ones on the stored keys by at most
+///     scale * Σ_g (max_{d in g} |q_d| / 254) * Σ_{d in g} |k̂_d|
+/// per key (half an int8 step of the query times the key's absolute sum), the tolerance the
+/// float64-reference tests derive their bound from.
+template <class Tag, class KC, bool KPerChannel>
+inline constexpr int query_int8_group = [] {
+#if KVPACK_HAS_AVX2
+  if constexpr (std::is_same_v<resolved_backend_t<Tag>, Avx2> && !KPerChannel && avx2::int_dot_key<KC>)
+    return KC::group_size;
+#endif
+  return 0;
+}();
+
+/// Whether backend Tag accumulates P·V for value codec VC from the codes with 8-bit weights
+/// (kernels/avx2/int_dot.hpp, int_accumulate): per tile of 16 tokens, each weight
+/// w_t = p_t scale_t is off by at most max_tile(w) / 510, so an output channel moves by at most
+///     8 / 510 * Σ_t max_{|t' - t| < 16} p_t' scale_t'
+/// (8: the largest centered INT4 code |u - 8|; p normalized): the tolerance the float64-reference
+/// tests use.
+template <class Tag, class VC>
+inline constexpr bool value_int_accumulate = [] {
+#if KVPACK_HAS_AVX2
+  if constexpr (std::is_same_v<resolved_backend_t<Tag>, Avx2>) return avx2::int_dot_value<VC>;
+#endif
+  return false;
+}();
 
 /// Fused dequant-attention for one KV head and its query group on backend Tag (see above);
 /// contract of attend_scalar (kernels/scalar/attention.hpp).

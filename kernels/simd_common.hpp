@@ -16,7 +16,9 @@
 //
 // Numerics: fp32 everywhere; sums run in a different order than the scalar kernel, and exp is a
 // polynomial (<= 2 ulp), so outputs agree with the scalar kernel to ~1e-6 relative (the contract
-// is 1e-5, tests/test_backend_kernels.cpp). Dequantized values are bit-identical to the scalar
+// is 1e-5, tests/test_backend_kernels.cpp). Exception: an Isa may score per-token integer keys
+// from their codes (Isa::int_dot_key: query quantized to int8) and accumulate INT4 values from
+// their codes (Isa::int_dot_value: 7-bit weights); their error bounds are in kernels/dispatch.hpp. Dequantized values are bit-identical to the scalar
 // decode (zero + scale * q with one multiply and one add, no FMA contraction).
 #pragma once
 
@@ -66,6 +68,17 @@ inline void static_for(F&& f) {
       std::make_integer_sequence<int, N>{});
 }
 
+/// The int8-quantized queries of one attend call (Isa::int_dot_key codecs, e.g.
+/// kernels/avx2/int_dot.hpp): per state, D int8 values (in code order) and per
+/// key group σ, Σ qi (times the code offset) and Σ q.
+struct QueryInt8 {
+  std::int8_t* qi = nullptr;   // [n_states][D]
+  float* sigma = nullptr;      // [n_states][groups]
+  float* offset_sum = nullptr; // [n_states][groups]: o * Σ qi (exact in fp32: |.| < 2^24)
+  float* q_sum = nullptr;      // [n_states][groups]
+  int groups = 0;
+};
+
 /// Keys per tile: 16 (a quarter of a 64-bit validity word, so one tile's mask is one shift away).
 inline constexpr int kTile = 16;
 
@@ -109,7 +122,10 @@ inline TileMemory prepare_scratch(Scratch& s, int n_states, int D) {
 ///   add_key_mass(km, lg, n, m, inv): km[o] += exp(lg[o] - m) * inv (lg = -inf adds nothing);
 ///   decode_row<C>(codes, meta, D, out, row_meta)            per-token row of codec C;
 ///   load_channel_params<C>(meta, D, scale, zero, row_meta)  per-channel key group metadata;
-///   decode_row_channels<C>(codes, scale, zero, D, out)      per-channel key row.
+///   decode_row_channels<C>(codes, scale, zero, D, out)      per-channel key row;
+///   int_dot_key<C>, int_dot_value<C> (constexpr bool): integer Q·K / P·V for codec C, and then
+///   quantize_query<C>(q, D, st, qq), int_scores<C, JS>(...), int_accumulate<C, JS>(...)
+///       (contracts in kernels/avx2/int_dot.hpp; an Isa without them sets both flags false).
 template <class Isa, KvCodec KC, KvCodec VC, bool KPerChannel, int DT>
 void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayout& L, Scratch& s) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -133,14 +149,63 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
     std::fill_n(s.logits.begin(), need, kNegInf);
   }
   const std::int64_t last_query = a.q_first + a.n_q - 1;
+  bool logit_overflow = false;  // a logit beyond fp32: the polynomial exp would hide it
   auto q_of = [&](int st) { return a.q + (st / G) * a.q_stride + (st % G) * D; };
   auto acc_of = [&](int st) { return s.acc.data() + static_cast<std::size_t>(st) * Dz; };
   auto row_of = [&](int st) { return mem.scores + static_cast<std::size_t>(st) * T; };
 
   // One tile of n <= T keys: K rows at kt + t * ks, V rows at vt + t * vs, cache indices
   // first + t (causal) or, when `masked`, slots whose bit in `bits` is set (visible to all).
-  auto tile = [&](const float* kt, std::int64_t ks, const float* vt, std::int64_t vs, std::int64_t first, int n,
-                  std::uint32_t bits, bool masked, std::int64_t ordinal) {
+  // Integer Q·K (Isa::int_dot_key<KC>): the queries are quantized once here, and quantized
+  // tiles are scored from their codes (K is never dequantized); exact rows keep fp32 scores.
+  constexpr bool kIntKeys = !KPerChannel && Isa::template int_dot_key<KC>;
+  // Integer P·V (Isa::int_dot_value<VC>): quantized tiles accumulate V from its codes.
+  constexpr bool kIntValues = Isa::template int_dot_value<VC>;
+  float* value_meta = mem.v_tile;  // [2][groups][kTile] V scales and zeros (the fp32 V tile is unused)
+  QueryInt8 qq;
+  float* key_meta = nullptr;  // [2][groups][kTile]: tile key scales and zero-points
+  if constexpr (kIntKeys) {
+    qq.groups = D / KC::group_size;
+    const auto ns = static_cast<std::size_t>(n_states), ng = static_cast<std::size_t>(qq.groups);
+    if (s.q_int8.size() < ns * Dz) s.q_int8.resize(ns * Dz);
+    if (s.q_params.size() < 3 * ns * ng + 2 * T * ng) s.q_params.resize(3 * ns * ng + 2 * T * ng);
+    qq.qi = s.q_int8.data();
+    qq.sigma = s.q_params.data();
+    qq.offset_sum = qq.sigma + ns * ng;
+    qq.q_sum = qq.offset_sum + ns * ng;
+    key_meta = qq.q_sum + ns * ng;
+    if (!seg.blocks.empty())
+      for (int st = 0; st < n_states; ++st) Isa::template quantize_query<KC>(q_of(st), D, st, qq);
+  }
+
+  // Scores of states [st0, n_states) against n fp32 key rows at kt + t * ks.
+  auto fp32_scores = [&](const float* kt, std::int64_t ks, int n) {
+    return [&, kt, ks, n](int st) {
+      const int rem = n_states - st;
+      const float* q[4] = {q_of(st), rem > 1 ? q_of(st + 1) : nullptr, rem > 2 ? q_of(st + 2) : nullptr,
+                           rem > 3 ? q_of(st + 3) : nullptr};
+      float* out = row_of(st);
+      if (rem >= 4) {
+        Isa::template score<DT, 4, 2>(q, kt, ks, n, D, a.scale, out, T);
+        return 4;
+      } else if (rem == 3) {
+        Isa::template score<DT, 3, 2>(q, kt, ks, n, D, a.scale, out, T);
+        return 3;
+      } else if (rem == 2) {
+        Isa::template score<DT, 2, 4>(q, kt, ks, n, D, a.scale, out, T);
+        return 2;
+      }
+      Isa::template score<DT, 1, 8>(q, kt, ks, n, D, a.scale, out, T);
+      return 1;
+    };
+  };
+
+  // One tile of n <= T keys scored by `score` (score(st) fills the rows of states st, st + 1, ...
+  // and returns how many), V rows at vt + t * vs, cache indices
+  // first + t (causal) or, when `masked`, slots whose bit in `bits` is set (visible to all).
+  // With vcodes (Isa::int_dot_value<VC> blocks), V is accumulated from its codes (vt unused).
+  auto tile = [&](auto&& score, const float* vt, std::int64_t vs, std::int64_t first, int n, std::uint32_t bits,
+                  bool masked, std::int64_t ordinal, const std::byte* vcodes, const std::byte* vmeta) {
     // States are ordered by query, so visibility only grows with st: skip the blind prefix.
     int st0 = 0;
     if (!masked) {
@@ -149,25 +214,7 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
     }
     if (st0 >= n_states) return;
     // 1. Scores.
-    for (int st = st0; st < n_states;) {
-      const int rem = n_states - st;
-      const float* q[4] = {q_of(st), rem > 1 ? q_of(st + 1) : nullptr, rem > 2 ? q_of(st + 2) : nullptr,
-                           rem > 3 ? q_of(st + 3) : nullptr};
-      float* out = row_of(st);
-      if (rem >= 4) {
-        Isa::template score<DT, 4, 2>(q, kt, ks, n, D, a.scale, out, T);
-        st += 4;
-      } else if (rem == 3) {
-        Isa::template score<DT, 3, 2>(q, kt, ks, n, D, a.scale, out, T);
-        st += 3;
-      } else if (rem == 2) {
-        Isa::template score<DT, 2, 4>(q, kt, ks, n, D, a.scale, out, T);
-        st += 2;
-      } else {
-        Isa::template score<DT, 1, 8>(q, kt, ks, n, D, a.scale, out, T);
-        st += 1;
-      }
-    }
+    for (int st = st0; st < n_states;) st += score(st);
     // 2. Online softmax per state.
     for (int st = st0; st < n_states; ++st) {
       float* row = row_of(st);
@@ -179,11 +226,17 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
         std::fill_n(row, T, 0.f);
         continue;
       }
+      logit_overflow |= !(mx <= std::numeric_limits<float>::max());  // +inf logit: output NaN below
       const float m_new = std::max(s.m[static_cast<std::size_t>(st)], mx);
       const float corr = std::exp(s.m[static_cast<std::size_t>(st)] - m_new);  // 0 on the first tile
       const float sum = Isa::exp_sum(row, m_new);
-      s.l[static_cast<std::size_t>(st)] = s.l[static_cast<std::size_t>(st)] * corr + sum;
-      if (corr != 1.f) Isa::scale(acc_of(st), D, corr);
+      // acc stays the normalized output (weights p / l): bounded by max |v|, never overflows
+      // when the exact output is finite (see scalar_detail::accumulate_tile).
+      const float l_old = s.l[static_cast<std::size_t>(st)] * corr;
+      const float l = l_old + sum, inv = 1.f / l;
+      s.l[static_cast<std::size_t>(st)] = l;
+      Isa::scale(acc_of(st), D, l_old * inv);
+      Isa::scale(row, T, inv);
       s.m[static_cast<std::size_t>(st)] = m_new;
     }
     // 3. Accumulate V. Masked-out slots are skipped (their bytes need not decode to finite values);
@@ -195,6 +248,21 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
                        rem > 3 ? acc_of(st + 3) : nullptr};
       const float* p[4] = {row_of(st), rem > 1 ? row_of(st + 1) : nullptr, rem > 2 ? row_of(st + 2) : nullptr,
                            rem > 3 ? row_of(st + 3) : nullptr};
+      if constexpr (kIntValues) {
+        if (vcodes != nullptr) {
+          const int js = rem >= 4 ? 4 : rem;
+          auto run = [&](auto jsc) {
+            Isa::template int_accumulate<VC, decltype(jsc)::value>(acc, p, vcodes, L.v_row, vmeta, L.v_meta_token, n,
+                                                                   live, D, value_meta, value_meta + (T / 2) * Dz);
+          };
+          if (js == 4) run(std::integral_constant<int, 4>{});
+          else if (js == 3) run(std::integral_constant<int, 3>{});
+          else if (js == 2) run(std::integral_constant<int, 2>{});
+          else run(std::integral_constant<int, 1>{});
+          st += js;
+          continue;
+        }
+      }
       if (rem >= 4) {
         Isa::template accumulate<DT, 4>(acc, p, vt, vs, n, live, D);
         st += 4;
@@ -215,8 +283,8 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
     for (std::int64_t t0 = 0; t0 < r.count; t0 += T) {
       if (r.first + t0 > last_query) break;  // causal: no query sees these rows
       const int n = static_cast<int>(std::min<std::int64_t>(T, r.count - t0));
-      tile(r.k + t0 * r.stride, r.stride, r.v + t0 * r.stride, r.stride, r.first + t0, n, 0xFFFFFFFFu, false,
-           ordinal + t0);
+      tile(fp32_scores(r.k + t0 * r.stride, r.stride, n), r.v + t0 * r.stride, r.stride, r.first + t0, n, 0xFFFFFFFFu,
+           false, ordinal + t0, nullptr, nullptr);
     }
   };
 
@@ -239,7 +307,9 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
       // Dequantize the tile (masked-out rows are left as they are: never read unmasked).
       const float* kt = mem.k_tile;
       const float* vt = mem.v_tile;
-      if constexpr (std::is_same_v<KC, Fp32> && !KPerChannel) {
+      if constexpr (kIntKeys) {
+        (void)kt;  // scored from the codes below
+      } else if constexpr (std::is_same_v<KC, Fp32> && !KPerChannel) {
         kt = reinterpret_cast<const float*>(b.data + L.k_codes + static_cast<std::size_t>(t0) * L.k_row);
       } else {
         for (int t = 0; t < n; ++t) {
@@ -260,7 +330,12 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
           }
         }
       }
-      if constexpr (std::is_same_v<VC, Fp32>) {
+      const std::byte* vcodes = nullptr;
+      const std::byte* vmeta = nullptr;
+      if constexpr (kIntValues) {
+        vcodes = b.data + L.v_codes + static_cast<std::size_t>(t0) * L.v_row;
+        vmeta = b.data + L.v_meta + static_cast<std::size_t>(t0) * L.v_meta_token;
+      } else if constexpr (std::is_same_v<VC, Fp32>) {
         vt = reinterpret_cast<const float*>(b.data + L.v_codes + static_cast<std::size_t>(t0) * L.v_row);
       } else {
         for (int t = 0; t < n; ++t) {
@@ -270,7 +345,27 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
                                        mem.v_tile + static_cast<std::size_t>(t) * Dz, mem.row_meta);
         }
       }
-      tile(kt, D, vt, D, b.first + t0, n, bits, b.valid != nullptr, ordinal + t0);
+      if constexpr (kIntKeys) {
+        const std::byte* codes = b.data + L.k_codes + static_cast<std::size_t>(t0) * L.k_row;
+        const std::byte* meta = b.data + L.k_meta + static_cast<std::size_t>(t0) * L.k_meta_token;
+        auto int_scores = [&](int st) {
+          const int rem = n_states - st;
+          const int js = rem >= 4 ? 4 : rem;
+          auto run = [&](auto jsc) {
+            Isa::template int_scores<KC, decltype(jsc)::value>(qq, st, codes, L.k_row, meta, L.k_meta_token, n, D,
+                                                               a.scale, row_of(st), T, key_meta,
+                                                               key_meta + T * qq.groups);
+          };
+          if (js == 4) run(std::integral_constant<int, 4>{});
+          else if (js == 3) run(std::integral_constant<int, 3>{});
+          else if (js == 2) run(std::integral_constant<int, 2>{});
+          else run(std::integral_constant<int, 1>{});
+          return js;
+        };
+        tile(int_scores, vt, D, b.first + t0, n, bits, b.valid != nullptr, ordinal + t0, vcodes, vmeta);
+      } else {
+        tile(fp32_scores(kt, D, n), vt, D, b.first + t0, n, bits, b.valid != nullptr, ordinal + t0, vcodes, vmeta);
+      }
     }
   }
   exact(seg.pending, pending_ord);
@@ -286,7 +381,8 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
   }
   for (int st = 0; st < n_states; ++st) {
     const float l = s.l[static_cast<std::size_t>(st)];
-    Isa::store_scaled(a.out + (st / G) * a.out_stride + (st % G) * D, acc_of(st), D, l > 0.f ? 1.f / l : 0.f);
+    const float c = logit_overflow ? std::numeric_limits<float>::quiet_NaN() : (l > 0.f ? 1.f : 0.f);
+    Isa::store_scaled(a.out + (st / G) * a.out_stride + (st % G) * D, acc_of(st), D, c);
   }
 }
 

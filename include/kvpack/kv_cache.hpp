@@ -210,14 +210,27 @@ class KVCache {
     return {};
   }
 
+  /// Runs attend() through `executor` (include/kvpack/executor.hpp; e.g. thread_executor(2) or an
+  /// engine's pool): every KV head is a task, its context cut into up to `splits` chunks of whole
+  /// blocks whose partial softmax states are combined exactly (split-K, kernels/split_k.hpp;
+  /// outputs equal the serial ones up to fp32 rounding). Heads whose policy gathers key mass
+  /// (H2O, BlockSparse, TOVA) are not split but run in parallel. An empty executor (the default)
+  /// attends serially on the calling thread; splits < 1 counts as 1.
+  void set_executor(Executor executor, int splits = 1) {
+    ws_.exec = std::move(executor);
+    ws_.splits = std::max(1, splits);
+  }
+
   /// Attention of the last n_q tokens appended to `layer` over everything the layer holds.
   /// q, out: [n_q][q_heads][head_dim] float32 (q post-RoPE). Query i sits at cache index
   /// tokens(layer) - n_q + i and sees every token up to and including itself (causal prefill;
   /// n_q = 1 is decode). GQA: query head h reads KV head h / (q_heads / kv_heads).
   /// Errors (Errc::invalid_argument): layer out of range; q not a whole number of tokens;
   /// n_q = 0 or larger than the latest append; out.size() != q.size(). Errc::non_finite: NaN/Inf
-  /// in q (checked first), or an output that overflowed fp32 (finite but huge q, K or V: |q.k| *
-  /// scale or the value sum beyond 3.4e38). On any error the cache is unchanged (eviction scores
+  /// in q (checked first), or a non-finite output: a logit |q.k| * scale beyond 3.4e38 (fp32),
+  /// or K/V values so large that the output is. The kernels keep the value accumulation
+  /// normalized (weights summing to 1), so finite K/V whose exact output is finite (e.g. every
+  /// value 1e37) give that output. On any error the cache is unchanged (eviction scores
   /// and SnapKV's observation window included); `out` is unspecified after a non-finite output
   /// error and untouched after the others.
   Status attend(int layer, std::span<const float> q, std::span<float> out) {
@@ -244,7 +257,8 @@ class KVCache {
     const int group = shape().q_heads / shape().kv_heads;
     if (Status s = off_.begin_attend(layer); !s) return s;  // prefetch next layers, pin this one's blocks
     ws_.head_mass.resize(static_cast<std::size_t>(shape().kv_heads));
-    for (int h = 0; h < shape().kv_heads; ++h) {
+    if (ws_.exec) attend_parallel(layer, q, out, n_q, group);
+    for (int h = 0; h < shape().kv_heads && !ws_.exec; ++h) {
       const std::int64_t at = static_cast<std::int64_t>(h) * group * D;
       kernels::AttendArgs a = store_.args_for(L, q.data() + at, out.data() + at, n_q, group);
       const kernels::HeadSegments seg = store_.segments(layer, h, hook_, off_, ws_.refs);
@@ -262,7 +276,7 @@ class KVCache {
       if (!std::isfinite(out[i]))
         return fail(Errc::non_finite, "attend: layer " + std::to_string(layer) + ": attention output " +
                                           std::to_string(out[i]) + " at " + where(i) +
-                                          " overflowed fp32 (q, K or V too large); scores not updated");
+                                          " is not finite (a logit q.k * scale overflowed fp32, or K/V too large); scores not updated");
     if constexpr (eviction_hook::wants_mass)
       for (int h = 0; h < shape().kv_heads; ++h)
         hook_.on_mass(store_, layer, h, store_.segments(layer, h, hook_, off_, ws_.refs), ws_.head_mass[static_cast<std::size_t>(h)]);
@@ -385,6 +399,27 @@ class KVCache {
 
  private:
   explicit KVCache(const ModelShape& shape) : store_(shape, block_tokens) { hook_.init(shape); }
+
+  // attend() over the executor: one kernel job per KV head, cut into split-K chunks.
+  void attend_parallel(int layer, std::span<const float> q, std::span<float> out, std::int64_t n_q, int group) {
+    const auto H = static_cast<std::size_t>(shape().kv_heads);
+    const std::int64_t D = shape().head_dim;
+    ws_.head_refs.resize(H), ws_.jobs.resize(H);
+    for (std::size_t h = 0; h < H; ++h) {
+      const std::int64_t at = static_cast<std::int64_t>(h) * group * D;
+      auto& job = ws_.jobs[h];
+      job = {store_.args_for(store_.layer(layer), q.data() + at, out.data() + at, n_q, group),
+             store_.segments(layer, static_cast<int>(h), hook_, off_, ws_.head_refs[h])};
+      if constexpr (eviction_hook::wants_mass) {
+        ws_.head_mass[h].assign(static_cast<std::size_t>(store_.ordinals(job.seg)), 0.f);
+        job.args.key_mass = ws_.head_mass[h].data();
+      }
+    }
+    kernels::attend_parallel(std::span<const kernels::HeadJob>(ws_.jobs), ws_.splits, ws_.exec, ws_.parallel,
+                             [this](const kernels::AttendArgs& a, const kernels::HeadSegments& seg, kernels::Scratch& s) {
+                               codec_hook::attend(a, seg, store_.layout(), s);
+                             });
+  }
 
   [[nodiscard]] bool valid(int layer, int kv_head = 0) const noexcept {
     return layer >= 0 && layer < shape().layers && kv_head >= 0 && kv_head < shape().kv_heads;

@@ -1,17 +1,17 @@
 // AVX2 (+FMA, F16C) fused dequant-attention kernel: attend_avx2, same signature and semantics as
-// kernels::attend_scalar (kernels/scalar/attention.hpp), outputs equal to 1e-5 relative.
+// kernels::attend_scalar (kernels/scalar/attention.hpp).
 //
-// Structure (kernels/simd_common.hpp): tiles of 16 keys; a quantized tile is dequantized once
-// into an L1-resident fp32 tile (kernels/avx2/codes.hpp); scores use register blocks of up to
-// 4 query states x 2 keys (8 accumulators, reduced together by one hadd tree); V is accumulated
-// for up to 4 states x 16 dims per pass over the tile. head_dim 64/128/256 are compiled
-// separately (fully known loop bounds), others run through the generic path (vector body plus a
-// scalar tail for head_dim % 8).
-//
-// Why fp32 dequantization rather than integer dot products (query quantized to int8 per block,
-// _mm256_maddubs_epi16): measured by bench/bench_backend_avx2.cpp, the int8 path changes outputs
-// by ~1e-3 relative (the int8 query carries ~0.4 % error per element), far outside the 1e-5
-// contract with the scalar kernel; see the figures in that file's header.
+// Structure (kernels/simd_common.hpp): tiles of 16 keys. Per-token INT8/INT4 keys (groups of 32k)
+// are scored from their codes with integer dot products against the query quantized to int8 once
+// per call (kernels/avx2/int_dot.hpp: vpdpbusd where the unit has AVX-VNNI / AVX-512 VNNI, else
+// vpmaddubsw); INT4 values are accumulated from their codes with 7-bit weights, two tokens per
+// vpmaddubsw (int_accumulate), decoded once per GQA group. Their error is bounded and documented
+// (kernels::query_int8_group, kernels::value_int_accumulate in dispatch.hpp); llama.cpp's q8_0
+// vec_dot makes the same query quantization. Other codecs are dequantized once into an
+// L1-resident fp32 tile (kernels/avx2/codes.hpp) and scored in register blocks of up to 4 query
+// states x 2 keys; V is accumulated for up to 4 states x 16 dims per pass. Those paths agree with
+// the scalar kernel to 1e-5 relative. head_dim 64/128/256 are compiled separately (fully known
+// loop bounds), others run through the generic path (vector body plus a scalar tail).
 // Only compiled when KVPACK_HAS_AVX2 (config.hpp).
 #pragma once
 
@@ -27,6 +27,7 @@
 #include <limits>
 
 #include "avx2/codes.hpp"
+#include "avx2/int_dot.hpp"
 #include "scalar/attention.hpp"
 #include "simd_common.hpp"
 
@@ -211,6 +212,27 @@ struct Isa {
   static void decode_row(const std::byte* codes, const std::byte* meta, int n, float* out, float* tmp) noexcept {
     avx2::decode_row<C>(codes, meta, n, out, tmp);
   }
+  // Integer Q·K for per-token INT8/INT4 keys (kernels/avx2/int_dot.hpp).
+  template <class C>
+  static constexpr bool int_dot_key = avx2::int_dot_key<C>;
+  template <class C>
+  static void quantize_query(const float* q, int D, int st, const simd::QueryInt8& qq) noexcept {
+    avx2::quantize_query<C>(q, D, st, qq);
+  }
+  template <class C>
+  static constexpr bool int_dot_value = avx2::int_dot_value<C>;
+  template <class C, int JS>
+  static void int_accumulate(float* const* acc, const float* const* p, const std::byte* codes, std::size_t row,
+                             const std::byte* meta, std::size_t meta_row, int n, std::uint32_t live, int D, float* vs,
+                             float* vz) noexcept {
+    avx2::int_accumulate<C, JS>(acc, p, codes, row, meta, meta_row, n, live, D, vs, vz);
+  }
+  template <class C, int JS>
+  static void int_scores(const simd::QueryInt8& qq, int st0, const std::byte* codes, std::size_t row,
+                         const std::byte* meta, std::size_t meta_row, int n, int D, float attn_scale, float* out,
+                         std::int64_t out_stride, float* ksc, float* kz) noexcept {
+    avx2::int_scores<C, JS>(qq, st0, codes, row, meta, meta_row, n, D, attn_scale, out, out_stride, ksc, kz);
+  }
   template <KvCodec C>
   static void load_channel_params(const std::byte* meta, int n, float* scale, float* zero, float* tmp) noexcept {
     avx2::load_channel_params<C>(meta, n, scale, zero, tmp);
@@ -226,7 +248,8 @@ struct Isa {
 
 /// AVX2 fused dequant-attention for one KV head and its query group: same contract as
 /// attend_scalar (decode n_q = 1, causal prefill n_q > 1, BlockRef::valid slot masks,
-/// AttendArgs::key_mass), outputs within 1e-5 relative of it. Writes softmax(q k^T * scale) v for
+/// AttendArgs::key_mass); outputs within 1e-5 relative of it, or, for integer Q·K / P·V codecs,
+/// within the bounds documented in kernels/dispatch.hpp. Writes softmax(q k^T * scale) v for
 /// every query; a query that sees no key gets zeros. Scratch must not be shared across threads.
 template <KvCodec KC, KvCodec VC, bool KPerChannel>
 void attend_avx2(const AttendArgs& a, const HeadSegments& seg, const BlockLayout& L, Scratch& s) {

@@ -81,6 +81,8 @@ struct Scratch {
   std::int64_t n_ordinals = 0;
   std::vector<GroupParams> channel_params;  // per-channel key metadata of one token group
   std::vector<float> block_scores;           // keyframe kernel: [n_states][BlockTokens] probabilities
+  std::vector<std::int8_t> q_int8;           // SIMD integer Q·K: quantized queries [n_states][D]
+  std::vector<float> q_params;               // ... and their per-group parameters, key tile metadata
   void ensure(int n_states, int head_dim, int tile) {
     const auto ns = static_cast<std::size_t>(n_states);
     const auto D = static_cast<std::size_t>(head_dim);
@@ -130,12 +132,21 @@ inline void accumulate_tile(const AttendArgs& a, const float* kt, const float* v
       const float m_new = std::max(s.m[st], mx);
       const float corr = std::exp(s.m[st] - m_new);  // 0 on the first tile (m = -inf)
       float* acc = s.acc.data() + static_cast<std::size_t>(st) * D;
-      float l = s.l[st] * corr;
-      for (int d = 0; d < D; ++d) acc[d] *= corr;
+      const float l_old = s.l[st] * corr;
+      float sum = 0.f;
       for (std::int64_t t = 0; t < visible; ++t) {
-        const float p = std::exp(s.scores[static_cast<std::size_t>(t)] - m_new);  // 0 when masked
+        float& p = s.scores[static_cast<std::size_t>(t)];
+        p = std::exp(p - m_new);  // 0 when masked
+        sum += p;
+      }
+      // acc holds the normalized output so far (weights p / l, which sum to 1), not the raw sum
+      // of p * v: every partial sum is bounded by max |v|, so values near the fp32 limit cannot
+      // overflow the accumulator when the exact output is finite (the raw sum reaches l * |v|).
+      const float l = l_old + sum, inv = 1.f / l, keep = l_old * inv;
+      for (int d = 0; d < D; ++d) acc[d] *= keep;
+      for (std::int64_t t = 0; t < visible; ++t) {
+        const float p = s.scores[static_cast<std::size_t>(t)] * inv;
         if (p == 0.f) continue;
-        l += p;
         const float* v = vt + t * stride;
         for (int d = 0; d < D; ++d) acc[d] += p * v[d];
       }
@@ -169,14 +180,15 @@ void dequantize_block(const BlockLayout& L, const BlockRef& b, Scratch& s) {
   }
 }
 
-/// Writes out[i][j][:] = acc / l for every (query, GQA head) state after the last tile; a state
-/// that saw no key (l == 0) writes zeros. Shared by the scalar and keyframe kernels.
+/// Writes out[i][j][:] = acc (already normalized by l) for every (query, GQA head) state after
+/// the last tile; a state that saw no key (l == 0) writes zeros. Shared by the scalar and keyframe
+/// kernels.
 inline void write_output(const AttendArgs& a, const Scratch& s) {
   const int D = a.head_dim;
   for (int i = 0; i < a.n_q; ++i)
     for (int j = 0; j < a.group; ++j) {
       const int st = i * a.group + j;
-      const float inv = s.l[st] > 0.f ? 1.f / s.l[st] : 0.f;
+      const float inv = s.l[st] > 0.f ? 1.f : 0.f;
       const float* acc = s.acc.data() + static_cast<std::size_t>(st) * D;
       float* o = a.out + i * a.out_stride + j * D;
       for (int d = 0; d < D; ++d) o[d] = acc[d] * inv;
@@ -187,6 +199,10 @@ inline void write_output(const AttendArgs& a, const Scratch& s) {
 
 /// Fused dequant-attention for one KV head and its query group (decode: n_q = 1; prefill: n_q > 1).
 /// Writes softmax(q k^T * scale) v for every query; a query that sees no key gets zeros.
+/// Range: the value accumulation is normalized as it goes (accumulate_tile), so any finite K/V
+/// whose exact output is finite gives a finite output; the logits q.k * scale must be finite in
+/// fp32 (|q.k * scale| < 3.4e38), else the output is non-finite. On return, s.m[st] and s.l[st]
+/// hold each state's running max logit and softmax denominator (split-K combines them).
 /// Preconditions (checked by KVCache): layout matches the blocks, scratch not shared across threads.
 template <KvCodec KC, KvCodec VC, bool KPerChannel>
 void attend_scalar(const AttendArgs& a, const HeadSegments& seg, const BlockLayout& L, Scratch& s) {

@@ -145,12 +145,16 @@ void attend_keyframe(const AttendArgs& a, const HeadSegments& seg, const BlockLa
         const float m_new = std::max(s.m[st], mx);
         const float corr = std::exp(s.m[st] - m_new);
         float* acc = s.acc.data() + static_cast<std::size_t>(st) * D;
-        float l = s.l[st] * corr;
-        for (int d = 0; d < D; ++d) acc[d] *= corr;
+        const float l_old = s.l[st] * corr;
+        float sum = 0.f;
         for (int t = 0; t < vis; ++t) {
           sc[t] = std::exp(sc[t] - m_new);
-          l += sc[t];
+          sum += sc[t];
         }
+        // acc stays the normalized output (scalar_detail::accumulate_tile explains why).
+        const float l = l_old + sum, inv = 1.f / l, keep = l_old * inv;
+        for (int d = 0; d < D; ++d) acc[d] *= keep;
+        for (int t = 0; t < vis; ++t) sc[t] *= inv;
         s.m[st] = m_new;
         s.l[st] = l;
       }

@@ -29,6 +29,12 @@ struct ScalarKernel {
 struct Avx2Kernel {
   static constexpr const char* name = "avx2";
   static constexpr bool available = true;
+  /// Query int8 group of integer Q·K for key codec KC (0: fp32 scores); kernels::query_int8_group.
+  template <class KC, bool PC>
+  static constexpr int query_group = kvpack::kernels::query_int8_group<kvpack::Avx2, KC, PC>;
+  /// Whether INT4 values are accumulated from their codes; kernels::value_int_accumulate.
+  template <class VC>
+  static constexpr bool int_values = kvpack::kernels::value_int_accumulate<kvpack::Avx2, VC>;
   template <class KC, class VC, bool PC>
   static void attend(const kvpack::kernels::AttendArgs& a, const kvpack::kernels::HeadSegments& seg,
                      const kvpack::BlockLayout& L, kvpack::kernels::Scratch& s) {
@@ -48,6 +54,10 @@ struct Avx2Kernel {
 struct NeonKernel {
   static constexpr const char* name = "neon";
   static constexpr bool available = true;
+  template <class KC, bool PC>
+  static constexpr int query_group = 0;  // NEON scores in fp32
+  template <class VC>
+  static constexpr bool int_values = false;
   template <class KC, class VC, bool PC>
   static void attend(const kvpack::kernels::AttendArgs& a, const kvpack::kernels::HeadSegments& seg,
                      const kvpack::BlockLayout& L, kvpack::kernels::Scratch& s) {
@@ -61,6 +71,10 @@ struct NeonKernel {
 struct NoSimd {
   static constexpr const char* name = "none";
   static constexpr bool available = false;
+  template <class KC, bool PC>
+  static constexpr int query_group = 0;
+  template <class VC>
+  static constexpr bool int_values = false;
   template <class KC, class VC, bool PC>
   static void attend(const kvpack::kernels::AttendArgs&, const kvpack::kernels::HeadSegments&,
                      const kvpack::BlockLayout&, kvpack::kernels::Scratch&) {}

@@ -153,6 +153,70 @@ class HeadData {
     return out;
   }
 
+  /// Largest logit error an int8 query in groups of G channels allows over all keys and query
+  /// rows: scale * Σ_g max_{d in g}|q_d| / 254 * Σ_{d in g} |k_d| (kernels::query_int8_group).
+  double query_logit_error(const std::vector<float>& q, int rows, double scale, int G) const {
+    double e = 0;
+    for (int r = 0; r < rows; ++r) {
+      const float* qv = q.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(D_);
+      for (const Key& k : keys_) {
+        double et = 0;
+        for (int g = 0; g < D_ / G; ++g) {
+          double qmax = 0, ksum = 0;
+          for (int d = g * G; d < (g + 1) * G; ++d) {
+            qmax = std::max(qmax, std::abs(static_cast<double>(qv[d])));
+            ksum += std::abs(k.k[static_cast<std::size_t>(d)]);
+          }
+          et += qmax / 254.0 * ksum;
+        }
+        e = std::max(e, et * scale);
+      }
+    }
+    return e;
+  }
+  /// Largest integer-P·V error bound (kvtest::int4_value_error_bound) over the n_q * group output
+  /// rows, for INT4 values in groups of G (asymmetric or not), all keys counted as INT4-stored.
+  double int4_value_bound(const std::vector<float>& q, int n_q, int group, std::int64_t q_first, double scale, int G,
+                          bool asymmetric) const {
+    const auto Dz = static_cast<std::size_t>(D_);
+    std::vector<double> sc;
+    for (const Key& k : keys_) {
+      double m = 0;
+      for (int g = 0; g < D_ / G; ++g) m = std::max(m, int4_group_scale(k.v.data() + g * G, G, asymmetric));
+      sc.push_back(m);
+    }
+    double worst = 0;
+    for (int i = 0; i < n_q; ++i)
+      for (int j = 0; j < group; ++j) {
+        const float* qv = q.data() + static_cast<std::size_t>(i * group + j) * Dz;
+        std::vector<double> lg(keys_.size(), -INFINITY);
+        double mx = -INFINITY, l = 0;
+        for (std::size_t t = 0; t < keys_.size(); ++t) {
+          if (!keys_[t].masked && keys_[t].index > q_first + i) continue;
+          double dot = 0;
+          for (std::size_t d = 0; d < Dz; ++d) dot += static_cast<double>(qv[d]) * keys_[t].k[d];
+          lg[t] = dot * scale;
+          mx = std::max(mx, lg[t]);
+        }
+        if (mx == -INFINITY) continue;
+        for (double x : lg) l += std::exp(x - mx);
+        std::vector<double> p;
+        for (double x : lg) p.push_back(std::exp(x - mx) / l);
+        worst = std::max(worst, int4_value_error_bound(p, sc));
+      }
+    return worst;
+  }
+
+  /// Largest |v_td - ref_rd| over keys, channels and output rows: with logits off by at most e,
+  /// an output channel moves by at most (e^{2e} - 1) times this.
+  double value_spread(const std::vector<double>& ref) const {
+    double m = 0;
+    for (std::size_t r = 0; r < ref.size(); r += static_cast<std::size_t>(D_))
+      for (const Key& k : keys_)
+        for (std::size_t d = 0; d < static_cast<std::size_t>(D_); ++d) m = std::max(m, std::abs(k.v[d] - ref[r + d]));
+    return m;
+  }
+
  private:
   struct Key {
     std::vector<double> k, v;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -112,6 +113,28 @@ inline std::vector<double> attention_ref64_indexed(const std::vector<float>& K, 
       for (int d = 0; d < D; ++d) o[d] /= l;
     }
   return out;
+}
+
+/// Scale of the INT4 group holding dequantized values x[0, n): asymmetric codes span 0..15 over a
+/// group's range (scale = range / 15), symmetric ones reach +-7 at its largest magnitude.
+inline double int4_group_scale(const double* x, int n, bool asymmetric) {
+  double lo = x[0], hi = x[0], amax = 0;
+  for (int i = 0; i < n; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]), amax = std::max(amax, std::abs(x[i]));
+  return asymmetric ? (hi - lo) / 15.0 : amax / 7.0;
+}
+
+/// Error bound of integer P·V (kvpack::kernels::value_int_accumulate): p[t] the normalized
+/// probabilities of the tokens read from INT4 blocks (in order), s[t] their largest group scale.
+inline double int4_value_error_bound(const std::vector<double>& p, const std::vector<double>& s) {
+  double sum = 0;
+  const auto n = static_cast<std::ptrdiff_t>(p.size());
+  for (std::ptrdiff_t t = 0; t < n; ++t) {
+    double w = 0;
+    for (std::ptrdiff_t u = std::max<std::ptrdiff_t>(0, t - 15); u < std::min(n, t + 16); ++u)
+      w = std::max(w, p[static_cast<size_t>(u)] * s[static_cast<size_t>(u)]);
+    sum += w;
+  }
+  return 1.05 * 8.0 / 510.0 * sum;  // 5 %: the kernel's own probabilities differ from the exact ones
 }
 
 }  // namespace kvtest

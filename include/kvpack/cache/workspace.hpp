@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "dispatch.hpp"
+#include "kvpack/executor.hpp"
+#include "split_k.hpp"
 
 namespace kvpack {
 
@@ -15,6 +17,11 @@ struct Workspace {
   std::vector<kernels::BlockRef> refs;       ///< block refs of the KV head being attended
   std::vector<float> mass;                   ///< key mass of one query head (SnapKV scoring)
   std::vector<std::vector<float>> head_mass; ///< key mass of each KV head of the current attend
+  Executor exec;                             ///< KVCache::set_executor (empty: serial attend)
+  int splits = 1;                            ///< split-K chunks per KV head (kernels/split_k.hpp)
+  kernels::ParallelScratch parallel;         ///< working memory of kernels::attend_parallel
+  std::vector<std::vector<kernels::BlockRef>> head_refs;  ///< block refs of every KV head (parallel attend)
+  std::vector<kernels::HeadJob> jobs;        ///< one kernel job per KV head (parallel attend)
 };
 
 }  // namespace kvpack
