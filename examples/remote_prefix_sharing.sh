@@ -34,7 +34,7 @@ fi
 text=${KVPACK_WIKITEXT_PATH:-../shared/data/wikitext-2-raw/wiki.test.raw}
 if [ ! -f "$text" ]; then
   # A clean clone has only the first 8 KiB of WikiText-2 test: about 1.9k tokens.
-  text=examples/llama/tests/data/wikitext2_test_head.raw
+  text=tools/llama/tests/data/wikitext2_test_head.raw
   if [ "$tokens" -gt 1024 ]; then tokens=1024; echo "note: full WikiText-2 absent, using a $tokens-token prefix"; fi
 fi
 

@@ -55,8 +55,8 @@ inline void define_cli(CLI::App& app, Options& opt, CliArgs& args) {
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--offload-dir", opt.offload.directory, "Offload policies: directory of the encrypted, unlinked block file (default $TMPDIR or /tmp)");
   app.add_option("--filler", opt.filler,
-                 "Needle filler text (default: the repository's data/wikitext-2-raw/wiki.test.raw, else "
-                 "../shared/data/wikitext-2-raw/wiki.test.raw, else --text)");
+                 "Needle filler text (default: ../shared/data/wikitext-2-raw/wiki.test.raw, else the "
+                 "in-repo head tools/llama/tests/data/wikitext2_test_head.raw, else --text)");
   app.add_option("--first-window", opt.first_window, "Skip this many --ctx windows of --text first (held-out windows)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--profile", opt.profile,

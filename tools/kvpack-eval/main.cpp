@@ -129,8 +129,8 @@ int run(int argc, char** argv) {
   std::string filler_name;
   if (opt.needle) {
     std::string fpath = opt.filler;
-    if (fpath.empty()) {  // WikiText-2 test: the repository's copy, else this project's shared data, else --text
-      for (const char* p : {KVPACK_EVAL_DATA_DIR "/wikitext-2-raw/wiki.test.raw", "../shared/data/wikitext-2-raw/wiki.test.raw"})
+    if (fpath.empty()) {  // WikiText-2 test from the shared data beside the project, else its in-repo head, else --text
+      for (const char* p : {"../shared/data/wikitext-2-raw/wiki.test.raw", KVPACK_EVAL_DATA_DIR "/wikitext2_test_head.raw"})
         if (fpath.empty() && std::filesystem::exists(p)) fpath = p;
       if (fpath.empty()) fpath = opt.text;
     }

@@ -1,7 +1,7 @@
 // Byte-level BPE tokenizer on the real SmolLM2 vocabulary: ids of tricky strings against an HF
 // `tokenizers` reference (tests/data/tokenizer_reference.txt), the head of WikiText-2 test against
 // the same reference, and a round trip with a reference checksum over the whole file (the
-// repository's data/wikitext-2-raw/wiki.test.raw). Skips, saying why, without the model.
+// repository's ../shared/data/wikitext-2-raw/wiki.test.raw). Skips, saying why, without the model.
 #include "gguf_builder.hpp"
 #include "tokenizer.hpp"
 
@@ -183,7 +183,7 @@ class LlamaTokenizerWikiText : public LlamaTokenizerModel {
     path_ = wikitext_path();
     if (path_.empty()) {
       GTEST_SKIP() << "wiki.test.raw not found (set KVPACK_WIKITEXT_PATH or place it at "
-                      "<project>/data/wikitext-2-raw/wiki.test.raw)";
+                      "<project>/../shared/data/wikitext-2-raw/wiki.test.raw)";
     }
     text_ = read_binary(path_);
   }

@@ -35,8 +35,10 @@ std::string model_path() {
 }
 std::string wikitext_path() {
   if (const char* p = std::getenv("KVPACK_WIKITEXT_PATH")) return p;
-  // WikiText-2 test as shipped in the repository (data/wikitext-2-raw, CC BY-SA 3.0).
-  return std::string(KVPACK_SOURCE_DIR) + "/data/wikitext-2-raw/wiki.test.raw";
+  // WikiText-2 test from the shared data beside the project, else its in-repo 7.8 KB head.
+  const std::string shared = std::string(KVPACK_SOURCE_DIR) + "/../shared/data/wikitext-2-raw/wiki.test.raw";
+  if (std::ifstream(shared).good()) return shared;
+  return std::string(KVPACK_LLAMA_TEST_DATA_DIR) + "/wikitext2_test_head.raw";
 }
 
 constexpr int64_t kCtx = 256;   // 2 windows of 256 tokens: 254 scored tokens
