@@ -4,7 +4,7 @@
 // a KV head (GQA), centred 1-D max pool of width Kernel (edges use what exists), top Budget by
 // (pooled desc, raw desc, older first), plus the window. Wider kernels (7, 9) matter on the real
 // model: SmolLM2-135M spells a 5-digit pass key as 6 tokens and kernel 5 evicts its last digits
-// (examples/RESULTS-snapkv-needle.md). Odd sizes: 9 query / 3 KV heads, head_dim 34 (KVCache needs
+// (docs/RESULTS-snapkv-needle.md). Odd sizes: 9 query / 3 KV heads, head_dim 34 (KVCache needs
 // an even head_dim), a 95-token prompt in chunks of 33, 33, 29, observation window 7, budget 31.
 #include <gtest/gtest.h>
 

@@ -13,7 +13,7 @@
 // errors (ties keep plain). The choice is one bit per interval, recorded by the cache in the block
 // header (BlockHeader::flags bit 1 for keys, bit 2 for values; see block.hpp).
 //
-// Measured verdict: see the doc comment of kvpack::Keyframe below and examples/RESULTS-keyframe.md.
+// Measured verdict: see the doc comment of kvpack::Keyframe below and docs/RESULTS-keyframe.md.
 #pragma once
 
 #include <algorithm>
@@ -57,7 +57,7 @@ struct PlainOnly {
 ///   (KeyframeCodec::bits_per_value + (Interval - 1) * DeltaCodec::bits_per_value) / Interval
 /// e.g. Keyframe<64, Int4<Group<32>>, Fp16> = (16 + 63 * 5) / 64 = 5.171875.
 ///
-/// Measured verdict (examples/RESULTS-keyframe.md: SmolLM2-135M, all 30 layers, 2048 WikiText-2
+/// Measured verdict (docs/RESULTS-keyframe.md: SmolLM2-135M, all 30 layers, 2048 WikiText-2
 /// tokens, Keyframe<64, Int4<Group<32>>, Fp16> at 5.17 bits/value vs its plain mode at the same bytes):
 ///  * helps KEYS coded per token: MSE / 4.2 (Chained) or / 2.0 (Anchor) on post-RoPE K, / 4.7 and
 ///    / 3.1 on pre-RoPE K, max error 1.41 -> 0.92; end to end ΔPPL +3.12 % -> +0.76 % (Chained) or

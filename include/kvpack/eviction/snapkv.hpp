@@ -186,7 +186,7 @@ class SnapKVHook : public HookDefaults {
 /// to the start of a span they will need (e.g. the first digits of a number that is spelled one
 /// token per digit); pooling is what keeps the rest of the span. On SmolLM2-135M with a 5-digit
 /// pass key (6 tokens) at 25 % of a 4096-token prompt, Kernel 5 lost the 4th digit at every depth
-/// (0/3 needles) and Kernel 9 kept 3/3 at no perplexity cost (examples/RESULTS-snapkv-needle.md):
+/// (0/3 needles) and Kernel 9 kept 3/3 at no perplexity cost (docs/RESULTS-snapkv-needle.md):
 /// widen it for longer spans.
 template <int Budget, int Window = 32, int Kernel = 5, GroupAggregate Agg = GroupAggregate::mean>
 struct SnapKV {
