@@ -21,12 +21,12 @@
 
 #include "kvpack/config.hpp"
 #include "kvpack/policy.hpp"
-#include "scalar/attention.hpp"
+#include "kvpack/kernels/scalar/attention.hpp"
 #if KVPACK_HAS_AVX2
-#include "avx2/attention.hpp"
+#include "kvpack/kernels/avx2/attention.hpp"
 #endif
 #if KVPACK_HAS_NEON
-#include "neon/attention.hpp"
+#include "kvpack/kernels/neon/attention.hpp"
 #endif
 
 namespace kvpack::kernels {

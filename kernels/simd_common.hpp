@@ -34,7 +34,7 @@
 #include "kvpack/codec/float_codec.hpp"
 #include "kvpack/codec/fp8_codec.hpp"
 #include "kvpack/codec/int_codec.hpp"
-#include "scalar/attention.hpp"
+#include "kvpack/kernels/scalar/attention.hpp"
 
 namespace kvpack::kernels::simd {
 

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "kvpack/executor.hpp"
-#include "scalar/attention.hpp"
+#include "kvpack/kernels/scalar/attention.hpp"
 
 namespace kvpack::kernels {
 

@@ -20,8 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include "cuda/decode_plan.cuh"
-#include "cuda/unpack.cuh"
+#include "kvpack/kernels/cuda/decode_plan.cuh"
+#include "kvpack/kernels/cuda/unpack.cuh"
 #include "kvpack/kvpack.hpp"
 
 namespace {

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/helpers.cuh"
+#include "kvpack/kernels/cuda/helpers.cuh"
 #include "kvpack/kvpack.hpp"
 
 namespace {

@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda/device_cache.cuh"
+#include "kvpack/kernels/cuda/device_cache.cuh"
 #include "kvpack/kvpack.hpp"
-#include "scalar/attention.hpp"
+#include "kvpack/kernels/scalar/attention.hpp"
 
 namespace {
 

@@ -3,7 +3,7 @@
 // (Int4<> = asymmetric g32 fp16, Int8<> = symmetric g32 fp16, Fp8E4M3<>, Fp8E5M2<>), Blocks<64>,
 // head_dim 128, 4 query heads per CTA (GQA group 4). Also linked by the bench/cuda/*.cu glob
 // (kvpack_cuda_all), which checks that it builds; running it does nothing.
-#include "cuda/decode_kernel.cuh"
+#include "kvpack/kernels/cuda/decode_kernel.cuh"
 #include "kvpack/kvpack.hpp"
 
 namespace kc = kvpack::cuda;

@@ -27,7 +27,7 @@
 #include "kvpack/eviction/policies.hpp"
 #include "kvpack/policy.hpp"
 #include "kvpack/result.hpp"
-#include "dispatch.hpp"
+#include "kvpack/kernels/dispatch.hpp"
 
 namespace kvpack {
 

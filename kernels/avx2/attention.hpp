@@ -26,10 +26,10 @@
 #include <cstdint>
 #include <limits>
 
-#include "avx2/codes.hpp"
-#include "avx2/int_dot.hpp"
-#include "scalar/attention.hpp"
-#include "simd_common.hpp"
+#include "kvpack/kernels/avx2/codes.hpp"
+#include "kvpack/kernels/avx2/int_dot.hpp"
+#include "kvpack/kernels/scalar/attention.hpp"
+#include "kvpack/kernels/simd_common.hpp"
 
 namespace kvpack::kernels {
 

@@ -25,7 +25,7 @@
 #include <type_traits>
 
 #include "kvpack/codec/rows.hpp"
-#include "simd_common.hpp"
+#include "kvpack/kernels/simd_common.hpp"
 
 namespace kvpack::kernels::avx2 {
 

@@ -30,9 +30,9 @@
 #include <cstring>
 #include <type_traits>
 
-#include "avx2/codes.hpp"
+#include "kvpack/kernels/avx2/codes.hpp"
 #include "kvpack/codec/rows.hpp"
-#include "simd_common.hpp"
+#include "kvpack/kernels/simd_common.hpp"
 
 namespace kvpack::kernels::avx2 {
 

@@ -23,8 +23,8 @@
 #include <cstdint>
 #include <string>
 
-#include "cuda/decode_plan.cuh"
-#include "cuda/helpers.cuh"
+#include "kvpack/kernels/cuda/decode_plan.cuh"
+#include "kvpack/kernels/cuda/helpers.cuh"
 #include "kvpack/cache/block.hpp"
 #include "kvpack/result.hpp"
 

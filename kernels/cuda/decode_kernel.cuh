@@ -30,9 +30,9 @@
 
 #include <cstdint>
 
-#include "cuda/attention.cuh"
-#include "cuda/decode_plan.cuh"
-#include "cuda/unpack.cuh"
+#include "kvpack/kernels/cuda/attention.cuh"
+#include "kvpack/kernels/cuda/decode_plan.cuh"
+#include "kvpack/kernels/cuda/unpack.cuh"
 
 namespace kvpack::cuda {
 

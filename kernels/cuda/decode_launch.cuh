@@ -11,9 +11,9 @@
 
 #include <cstddef>
 
-#include "cuda/decode_kernel.cuh"
-#include "cuda/decode_plan.cuh"
-#include "cuda/device_memory.cuh"
+#include "kvpack/kernels/cuda/decode_kernel.cuh"
+#include "kvpack/kernels/cuda/decode_plan.cuh"
+#include "kvpack/kernels/cuda/device_memory.cuh"
 
 namespace kvpack::cuda {
 

@@ -40,10 +40,10 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/attention.cuh"
-#include "cuda/decode_launch.cuh"
-#include "cuda/decode_plan.cuh"
-#include "cuda/device_memory.cuh"
+#include "kvpack/kernels/cuda/attention.cuh"
+#include "kvpack/kernels/cuda/decode_launch.cuh"
+#include "kvpack/kernels/cuda/decode_plan.cuh"
+#include "kvpack/kernels/cuda/device_memory.cuh"
 #include "kvpack/cache/block.hpp"
 #include "kvpack/kv_cache.hpp"
 #include "kvpack/result.hpp"
@@ -447,4 +447,4 @@ class DeviceCache {
 
 }  // namespace kvpack::cuda
 
-#include "cuda/device_compare.cuh"
+#include "kvpack/kernels/cuda/device_compare.cuh"

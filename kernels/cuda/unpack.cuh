@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "cuda/helpers.cuh"
+#include "kvpack/kernels/cuda/helpers.cuh"
 
 #if defined(__CUDACC__)
 #include <cuda_fp16.h>

@@ -20,9 +20,9 @@
 #include <cstdint>
 #include <limits>
 
-#include "neon/codes.hpp"
-#include "scalar/attention.hpp"
-#include "simd_common.hpp"
+#include "kvpack/kernels/neon/codes.hpp"
+#include "kvpack/kernels/scalar/attention.hpp"
+#include "kvpack/kernels/simd_common.hpp"
 
 namespace kvpack::kernels {
 

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/device_cache.cuh"
+#include "kvpack/kernels/cuda/device_cache.cuh"
 #include "cuda/support/device_buffer.hpp"
 #include "kvpack/kvpack.hpp"
 

@@ -18,10 +18,10 @@
 #include <string>
 #include <vector>
 
-#include "cuda/device_cache.cuh"
+#include "kvpack/kernels/cuda/device_cache.cuh"
 #include "cuda/support/device_buffer.hpp"
 #include "kvpack/kvpack.hpp"
-#include "scalar/attention.hpp"
+#include "kvpack/kernels/scalar/attention.hpp"
 #include "support/reference.hpp"
 
 namespace {

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "dispatch.hpp"
+#include "kvpack/kernels/dispatch.hpp"
 
 namespace kvtest {
 

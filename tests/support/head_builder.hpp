@@ -14,7 +14,7 @@
 
 #include "kvpack/cache/block.hpp"
 #include "kvpack/codec/rows.hpp"
-#include "scalar/attention.hpp"
+#include "kvpack/kernels/scalar/attention.hpp"
 #include "support/reference.hpp"
 
 namespace kvtest {

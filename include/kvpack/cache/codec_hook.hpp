@@ -13,8 +13,8 @@
 #include "kvpack/cache/keyframe_hook.hpp"
 #include "kvpack/cache/role_codec.hpp"
 #include "kvpack/codec/format_id.hpp"
-#include "dispatch.hpp"
-#include "scalar/keyframe_attention.hpp"
+#include "kvpack/kernels/dispatch.hpp"
+#include "kvpack/kernels/scalar/keyframe_attention.hpp"
 
 namespace kvpack {
 

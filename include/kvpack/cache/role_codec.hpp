@@ -13,7 +13,7 @@
 #include "kvpack/codec/rows.hpp"
 #include "kvpack/config.hpp"
 #include "kvpack/policy.hpp"
-#include "dispatch.hpp"
+#include "kvpack/kernels/dispatch.hpp"
 
 namespace kvpack {
 

@@ -22,7 +22,7 @@
 #include "kvpack/cache/pending_rows.hpp"
 #include "kvpack/cache/shape.hpp"
 #include "kvpack/detail/secure_zero.hpp"
-#include "dispatch.hpp"
+#include "kvpack/kernels/dispatch.hpp"
 
 namespace kvpack {
 

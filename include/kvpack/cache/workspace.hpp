@@ -4,9 +4,9 @@
 
 #include <vector>
 
-#include "dispatch.hpp"
+#include "kvpack/kernels/dispatch.hpp"
 #include "kvpack/executor.hpp"
-#include "split_k.hpp"
+#include "kvpack/kernels/split_k.hpp"
 
 namespace kvpack {
 
