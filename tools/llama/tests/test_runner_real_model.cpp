@@ -38,7 +38,7 @@ std::string wikitext_path() {
   // WikiText-2 test from the shared data beside the project, else its in-repo 7.8 KB head.
   const std::string shared = std::string(KVPACK_SOURCE_DIR) + "/../shared/data/wikitext-2-raw/wiki.test.raw";
   if (std::ifstream(shared).good()) return shared;
-  return std::string(KVPACK_LLAMA_TEST_DATA_DIR) + "/wikitext2_test_head.raw";
+  return std::string(KVPACK_SOURCE_DIR) + "/tools/llama/tests/data/wikitext2_test_head.raw";
 }
 
 constexpr int64_t kCtx = 256;   // 2 windows of 256 tokens: 254 scored tokens
