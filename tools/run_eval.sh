@@ -55,7 +55,8 @@ if ! given --text && [ ! -f "$wikitext" ]; then
   wikitext=tools/llama/tests/data/wikitext2_test_head.raw
   echo "run_eval: WARNING: $PWD/../shared/data/wikitext-2-raw/wiki.test.raw not found; scoring the" \
        "7.8 KB head of WikiText-2 test instead (pass --text PATH for the full text)" >&2
-  defaults+=(--ctx 512 --windows 3)
+  given --ctx || defaults+=(--ctx 512)     # the head holds about 2,000 tokens
+  given --windows || defaults+=(--windows 3)
 fi
 given --text || defaults+=(--text "$wikitext")
 given --ctx || [[ " ${defaults[*]} " == *" --ctx "* ]] || defaults+=(--ctx 1024)
