@@ -137,6 +137,7 @@ function(kvpack_add_gtest_group name)
   if(NOT TARGET kvpack_grouped_main)   # main() of every group, compiled once
     add_library(kvpack_grouped_main STATIC ${PROJECT_SOURCE_DIR}/tests/support/grouped_main.cpp)
     target_link_libraries(kvpack_grouped_main PUBLIC GTest::gtest Threads::Threads PRIVATE kvpack_warnings)
+    target_compile_features(kvpack_grouped_main PRIVATE cxx_std_20)
   endif()
   add_executable(${name} ${arg_SOURCES})
   set_target_properties(${name} PROPERTIES

@@ -350,16 +350,18 @@ void overflow_is_an_error_and_changes_nothing() {
     std::vector<float> k = kv_data(2, 50), v(2 * kRow, 3e38f);
     for (int t = 0; t < 2; ++t)
       for (int h = 0; h < kKvHeads; ++h)
-        for (int d = 0; d < kD; ++d) k[t * kRow + h * kD + d] = d == 0 ? 8.f : 0.f;  // both keys 8 e0
+        for (int d = 0; d < kD; ++d) k[t * kRow + h * kD + d] = d == 0 ? 1e20f : 0.f;  // both keys 1e20 e0
     EXPECT_TRUE(c.append(0, k, v, kvtest::iota_positions(kPrefix, 2)));
     EXPECT_TRUE(c.append(1, k, v, kvtest::iota_positions(kPrefix, 2)));
     return c;
   };
   C a = make(), b = make();
   std::vector<float> q(2 * kQRow, 0.f), out(q.size());
-  for (std::size_t r = 0; r < 2 * kQHeads; ++r) q[r * kD] = 8.f;  // every query = 8 e0: both huge tokens dominate
+  // Every query = 1e20 e0: its logit on the two newest tokens (held exactly in fp32) is 1e40 * scale,
+  // beyond fp32. (Values of 3e38 alone no longer overflow: the kernels keep the value sum normalized.)
+  for (std::size_t r = 0; r < 2 * kQHeads; ++r) q[r * kD] = 1e20f;
   const Status s = a.attend(0, q, out);
-  ASSERT_FALSE(s) << "an overflowed output must be an error";
+  ASSERT_FALSE(s) << "an overflowed logit must be an error";
   EXPECT_EQ(s.error().code, Errc::non_finite);
   EXPECT_NE(s.error().message.find("overflowed fp32"), std::string::npos) << s.error().message;
   EXPECT_TRUE(observe(a) == observe(b));

@@ -141,7 +141,7 @@ class KVCache {
     if (Status s = eviction_hook::check(shape); !s) return s.error();
     KVCache c(shape);
     if (Status s = c.off_.init(c, offload); !s) return s.error();
-    return c;
+    return Result<KVCache>(std::move(c));  // explicit: nvcc does not move into the Result implicitly
   }
 
   /// Moves a cache. The moved-from cache is left empty with zero layers: every call on it then
