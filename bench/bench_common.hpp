@@ -215,6 +215,18 @@ template <class Cache>
       return nullptr;
     }
     t += n;
+    // SnapKV scores the prompt with the queries attend saw and refuses to compress a prompt never
+    // attended: before the decode token, attend the prompt's last (up to 32) tokens, as an engine's
+    // prefill does. Other caches are left as appended.
+    if constexpr (requires { cache->compress_prompt(0); })
+      if (t == body && last_chunk == 1 && n > 0) {
+        const std::vector<float> q = make_queries(s, static_cast<int>(std::min<std::int64_t>(n, 32)));
+        std::vector<float> out(q.size());
+        if (auto st = cache->attend(0, q, out); !st) {
+          err = st.error().message;
+          return nullptr;
+        }
+      }
   }
   return cache;
 }

@@ -198,7 +198,7 @@ class KVCache {
     if constexpr (evicts) {
       // Eviction caches commit lazily: the previous append's tokens are committed (and may be
       // evicted) now, so blocks only ever hold tokens older than the current chunk.
-      hook_.before_append(store_, ws_, layer, n);
+      if (Status s = hook_.before_append(store_, ws_, layer, n); !s) return s;
       store_.commit(layer, hook_);
     }
     store_.push(L, k, v, positions);

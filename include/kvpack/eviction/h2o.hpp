@@ -34,7 +34,12 @@ class H2OHook : public TokenBudgetHook<H2OHook<P>, P> {
 /// recent tokens and the Heavy tokens with the largest cumulative attention mass among the rest.
 /// Mass is gathered from the attention kernel as it runs (AttendArgs::key_mass), summed over
 /// steps, queries and the KV head's query heads; ties evict the oldest token. A newcomer is
-/// always kept while it is among the Recent most recent tokens.
+/// always kept while it is among the Recent most recent tokens. Without attention mass (a layer
+/// appended to but not yet attended, or tokens that arrived since the last attend) a token's
+/// score is 0, the paper's value for a token no query has seen: this is a deliberate fallback,
+/// not an error, since H2O evicts continuously and every newcomer starts at 0. Zero-score tokens
+/// are evicted oldest first, so a cache never attended keeps exactly the S sinks and the
+/// Heavy + Recent newest tokens (SinkWindow<S, Heavy + Recent>; tests/test_eviction_empty_scores.cpp).
 template <int Heavy, int Recent, int S = 0>
 struct H2O {
   static_assert(Heavy >= 0 && Recent >= 1 && S >= 0, "kvpack::H2O<Heavy, Recent, S>: need Heavy >= 0, Recent >= 1, S >= 0");

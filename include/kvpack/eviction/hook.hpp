@@ -10,7 +10,8 @@
 //   std::int64_t budget() const                  KVCache::eviction_budget()
 //   held_after(const St&, layer, n)              capacity bound after an append of n tokens
 //   keep_exact(const St&, layer)                 pending tokens commit must leave in fp32
-//   before_append(St&, Workspace&, layer, n)     before the lazy commit of the previous chunk
+//   Status before_append(St&, Workspace&, layer, n)  before the lazy commit of the previous chunk;
+//                                                an error fails the append, nothing changed
 //   on_commit(St&, layer, h, slot, token)        a token took a slot
 //   enforce(St&, layer, h, pending)              evict until the budget holds
 //   block_visible(const St&, layer, h, block)    whether attention reads a block
@@ -52,7 +53,7 @@ struct HookDefaults {
   template <class St>
   [[nodiscard]] std::int64_t keep_exact(const St&, int) const noexcept { return 0; }
   template <class St>
-  void before_append(St&, Workspace&, int, std::int64_t) {}
+  [[nodiscard]] Status before_append(St&, Workspace&, int, std::int64_t) { return {}; }
   template <class St>
   void on_commit(St&, int, int, std::int64_t, std::int64_t) {}
   template <class St>

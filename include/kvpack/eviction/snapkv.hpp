@@ -56,20 +56,42 @@ class SnapKVHook : public HookDefaults {
     if (!compresses_on(li, L.total, n)) return plain;
     return std::min(plain, std::int64_t{St::sink_tokens} + P::held_after_compression(L.total) + St::residual_tokens + 1);
   }
+  /// The first single-token append ends the prompt. A prompt longer than what compression keeps
+  /// is compressed now; a prompt that fits is left whole and the layer never compresses later (a
+  /// cache that grows past Budget + Window while decoding keeps every token: SnapKV selects from
+  /// the prompt's attention only, never mid-decode). Errc::invalid_argument, nothing changed, when
+  /// the prompt must be compressed but `attend` never ran on it (no observation-window queries:
+  /// every score would be 0 and the selection arbitrary); attend the prompt's last tokens (they
+  /// are still the latest append) and append again.
   template <class St>
-  void before_append(St& st, Workspace& ws, int li, std::int64_t n) {
-    if (compresses_on(li, st.layer(li).total, n)) compress(st, ws, li);
+  [[nodiscard]] Status before_append(St& st, Workspace& ws, int li, std::int64_t n) {
+    LayerState& S = layer(li);
+    if (S.compressed || n != 1) return {};
+    if (!compresses_on(li, st.layer(li).total, n)) {
+      S.compressed = true;  // prompt phase over: nothing to compress, the window commits normally
+      detail::wipe_vector(S.obs_q);
+      return {};
+    }
+    if (S.obs_q.empty())
+      return fail(Errc::invalid_argument,
+                  "append: SnapKV layer " + std::to_string(li) + ": the " + std::to_string(st.layer(li).total) +
+                      "-token prompt must be compressed to " + std::to_string(P::held_after_compression(st.layer(li).total)) +
+                      " tokens, but it was never attended (no observation-window queries to score it); call attend "
+                      "on the prompt's last tokens first");
+    compress(st, ws, li);
+    return {};
   }
   template <class St>
   void on_queries(St& st, int li, std::span<const float> q, std::int64_t n_q) {
     if (!layer(li).compressed) remember(layer(li), q, st.layer(li).total - n_q);
   }
-  /// KVCache::compress_prompt: Errc::invalid_argument when already compressed or no queries.
+  /// KVCache::compress_prompt: Errc::invalid_argument when already compressed, decoding has
+  /// started (a single-token append ended the prompt) or no queries.
   template <class St>
   [[nodiscard]] Status compress_prompt(St& st, Workspace& ws, int li) {
     if (layer(li).compressed || layer(li).obs_q.empty())
       return fail(Errc::invalid_argument, "compress_prompt: layer " + std::to_string(li) +
-                                              " is already compressed or has no observation-window queries");
+                                              " is already compressed, has started decoding or has no observation-window queries");
     compress(st, ws, li);
     return {};
   }
@@ -86,7 +108,7 @@ class SnapKVHook : public HookDefaults {
   struct LayerState {
     std::vector<float> obs_q;     // last queries, [n][q_heads][D]
     std::int64_t obs_first = 0;   // cache index of obs_q's first row
-    bool compressed = false;      // prompt already compressed
+    bool compressed = false;      // prompt phase over: compressed, or decoding began with a prompt that fit
   };
   [[nodiscard]] LayerState& layer(int li) noexcept { return layers_[static_cast<std::size_t>(li)]; }
   [[nodiscard]] const LayerState& layer(int li) const noexcept { return layers_[static_cast<std::size_t>(li)]; }
@@ -95,7 +117,8 @@ class SnapKVHook : public HookDefaults {
   }
 
   // Whether appending n tokens to a layer holding `total` compresses its prompt first (the first
-  // single-token append after a prompt longer than what compression keeps).
+  // single-token append, when the prompt is longer than what compression keeps; after the first
+  // single-token append `compressed` is set either way, so this never holds mid-decode).
   [[nodiscard]] bool compresses_on(int li, std::int64_t total, std::int64_t n) const noexcept {
     return !layer(li).compressed && n == 1 && total > P::held_after_compression(total);
   }
@@ -180,7 +203,11 @@ class SnapKVHook : public HookDefaults {
 /// prompt token outside the observation window is scored by the attention it receives from the
 /// last Window prompt queries (summed over those queries), smoothed by 1-D max pooling of width
 /// Kernel, and the top Budget per KV head are kept together with the window; ties prefer the
-/// larger raw score, then the older token. Decoding then appends without further eviction.
+/// larger raw score, then the older token. Decoding then appends without further eviction. The
+/// rule is per prompt, not per running total: a prompt that fits (<= Budget + Window tokens when
+/// the first single-token append comes) is never compressed, however far decoding grows the cache.
+/// A prompt that must be compressed but was never attended makes that append fail
+/// (Errc::invalid_argument, cache unchanged) instead of selecting from all-zero scores.
 /// Defaults follow the paper: Window 32, Kernel 5. GQA: per KV head, the per-query-head scores
 /// are aggregated by Agg (mean by default). Choosing Kernel: the window's queries tend to attend
 /// to the start of a span they will need (e.g. the first digits of a number that is spelled one
