@@ -14,6 +14,7 @@
 
 #include "kvpack/kvpack.hpp"
 #include "support/cache_harness.hpp"
+#include "support/eviction_check.hpp"
 
 namespace test_keyframe_hardening {  // own scope: compiled in one unity file with other tests
 namespace {
@@ -47,6 +48,34 @@ TYPED_TEST(AnyInterval, AttentionMatchesRef64AtOddSizes) {
     EXPECT_LT(h.attend_error(0, kvtest::normal(33 * h.qrow(), 52, 0.5f)), 2e-5);
     EXPECT_GT(h.cache().quantized_tokens(0), 0);
   }
+}
+
+// Blocks<B> of any size also holds for eviction caches (slot pools of 3, 5, 7 tokens): attention
+// equals float64 attention over exactly the rows each keeps, through prefill, decode and chunks.
+template <class Cache>
+class AnyBlockEviction : public ::testing::Test {};
+using AnyBlockEvictionCaches =
+    ::testing::Types<KVCache<Keys<Int8<>>, Values<Int4<>>, H2O<6, 4, 1>, Blocks<3>, Backend<Scalar>>,
+                     KVCache<Keys<Int8<>>, Values<Int4<>>, H2O<6, 4, 1>, Blocks<3>, Backend<Auto>>,
+                     KVCache<Keys<Int8<>>, Values<Int8<>>, SinkWindow<2, 9>, Blocks<5>, Backend<Scalar>>,
+                     KVCache<Keys<Int8<>>, Values<Int8<>>, SinkWindow<2, 9>, Blocks<5>, Backend<Auto>>,
+                     KVCache<Keys<Int8<>>, Values<Int8<>>, SnapKV<8, 4>, Blocks<7>, Backend<Scalar>>,
+                     KVCache<Keys<Int8<>>, Values<Int8<>>, SnapKV<8, 4>, Blocks<7>, Backend<Auto>>>;
+TYPED_TEST_SUITE(AnyBlockEviction, AnyBlockEvictionCaches);
+
+TYPED_TEST(AnyBlockEviction, AttentionMatchesRef64OverTheKeptRows) {
+  auto c = TypeParam::create({.layers = 1, .q_heads = 4, .kv_heads = 2, .head_dim = 32, .max_tokens = 512}).value();
+  const size_t row = 2 * 32, qrow = 4 * 32;
+  int64_t t = 0;
+  uint32_t seed = 1;
+  for (int n : {31, 33, 1, 1, 7, 1, 95, 1, 1, 1}) {
+    ASSERT_TRUE(c.append(0, kvtest::normal(static_cast<size_t>(n) * row, seed), kvtest::normal(static_cast<size_t>(n) * row, seed + 1),
+                         kvtest::iota_positions(t, n)));
+    t += n;
+    seed += 3;
+    EXPECT_LE(kvtest::evicting_attend_error(c, 0, kvtest::normal(static_cast<size_t>(n) * qrow, seed)), 2e-5) << "tokens " << t;
+  }
+  EXPECT_LT(c.held_tokens(0), t) << "the policy evicted";
 }
 
 template <class B>

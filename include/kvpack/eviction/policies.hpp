@@ -20,3 +20,4 @@
 #include "kvpack/eviction/hook.hpp"
 #include "kvpack/eviction/sink_window.hpp"
 #include "kvpack/eviction/snapkv.hpp"
+#include "kvpack/eviction/tova.hpp"
