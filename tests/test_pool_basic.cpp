@@ -59,7 +59,16 @@ TYPED_TEST(PoolTwin, EqualsKVCacheBitForBitAndTheReference) {
       }
       ASSERT_EQ(*pool.length(*id), twin.tokens());
       for (int l = 0; l < kShape.layers; ++l)
-        for (int h = 0; h < kShape.kv_heads; ++h) kvtest::expect_same_pages(pool, *id, twin.cache(), l, h);
+        for (int h = 0; h < kShape.kv_heads; ++h) {
+          kvtest::expect_same_pages(pool, *id, twin.cache(), l, h);
+          const auto got = pool.read_back(*id, l, h);
+          const auto want_rb = twin.cache().read_back(l, h);
+          ASSERT_TRUE(got && want_rb);
+          EXPECT_EQ(got->k, want_rb->k);
+          EXPECT_EQ(got->v, want_rb->v);
+          EXPECT_EQ(got->positions, want_rb->positions);
+          EXPECT_EQ(got->indices, want_rb->indices);
+        }
       const int n_q = std::min(n, 3);
       const auto q = kvtest::normal(static_cast<size_t>(n_q) * twin.qrow(), ++seed);
       std::vector<float> want(q.size());
@@ -117,6 +126,8 @@ TEST(PoolHandles, FreedAndStaleHandlesAreRejected) {
   EXPECT_FALSE(pool.valid(SeqId{}));
   EXPECT_FALSE(pool.valid(SeqId{7, 1}));
   EXPECT_EQ(*pool.length(*d), 0);
+  EXPECT_FALSE(pool.read_back(*a, 0, 0));
+  EXPECT_FALSE(pool.read_back(*d, 0, 2));
 }
 
 TEST(PoolExhaustion, ClearErrorAndNothingChanged) {

@@ -281,6 +281,18 @@ class PagedCache {
     return v;
   }
 
+  /// Decodes everything (layer, kv_head) of the sequence holds as attention reads it (the latest
+  /// append aside, which attend reads exactly), in cache-index order: as KVCache::read_back, for
+  /// float64 references. Errc::invalid_argument: stale handle or indices out of range.
+  [[nodiscard]] Result<HeadContents> read_back(SeqId id, int layer, int kv_head) const {
+    auto s = find(id, "read_back");
+    if (!s) return s.error();
+    if (layer < 0 || layer >= shape().layers || kv_head < 0 || kv_head >= shape().kv_heads)
+      return fail(Errc::invalid_argument, "read_back: layer or kv_head out of range");
+    return pool_detail::read_back<codec_hook>((*s)->layers[static_cast<std::size_t>(layer)], *st_->pool, st_->layout,
+                                              shape().kv_heads, kv_head);
+  }
+
   /// A snapshot of pool use (pool_types.hpp). Not synchronized with concurrent appends.
   [[nodiscard]] PoolStats stats() const { return st_ ? st_->stats() : PoolStats{}; }
   /// Bytes the pool holds: the whole arena, the per-page overhead, and every sequence's fp32 rows.

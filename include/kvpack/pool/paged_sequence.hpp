@@ -17,11 +17,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <vector>
 
 #include "kvpack/cache/block.hpp"
 #include "kvpack/cache/pending_rows.hpp"
+#include "kvpack/cache/shape.hpp"
 #include "kvpack/detail/secure_zero.hpp"
 #include "kvpack/kernels/dispatch.hpp"
 #include "kvpack/pool/page_pool.hpp"
@@ -282,6 +284,42 @@ inline void truncate(PagedLayer& L, PagePool& pool, const BlockLayout& layout, s
   L.sinks_held = s;
   L.committed = c;
   L.total = n_new;
+}
+
+/// Decodes what KV head h of L holds as attention reads it (the latest chunk aside: it is read
+/// exactly by attend), in cache-index order: fp32 sinks, the pages dequantized, fp32 pending rows.
+template <class Codec>
+[[nodiscard]] HeadContents read_back(const PagedLayer& L, const PagePool& pool, const BlockLayout& layout, int kv_heads, int h) {
+  const auto D = static_cast<std::size_t>(layout.head_dim);
+  const std::size_t stride = static_cast<std::size_t>(kv_heads) * D, hoff = static_cast<std::size_t>(h) * D;
+  HeadContents c;
+  auto exact = [&](const float* ks, const float* vs, const std::int32_t* pos, std::int64_t n, std::int64_t first) {
+    for (std::int64_t t = 0; t < n; ++t) {
+      const std::size_t at = static_cast<std::size_t>(t) * stride + hoff;
+      c.k.insert(c.k.end(), ks + at, ks + at + D);
+      c.v.insert(c.v.end(), vs + at, vs + at + D);
+      c.positions.push_back(pos[t]);
+      c.indices.push_back(first + t);
+    }
+  };
+  exact(L.sink_k.data(), L.sink_v.data(), L.sink_pos.data(), L.sinks_held, 0);
+  kernels::Scratch s;
+  s.ensure(1, layout.head_dim, layout.tokens);
+  std::int64_t index = L.sinks_held;
+  for (const std::uint32_t p : L.pages[static_cast<std::size_t>(h)]) {
+    const BlockHeader& hd = pool.header(p);
+    Codec::decode(layout, pool.data(p), hd.flags, hd.count, s);
+    std::int32_t pos[1];
+    for (std::size_t t = 0; t < hd.count; ++t, ++index) {
+      c.k.insert(c.k.end(), s.k_tile.begin() + static_cast<std::ptrdiff_t>(t * D), s.k_tile.begin() + static_cast<std::ptrdiff_t>((t + 1) * D));
+      c.v.insert(c.v.end(), s.v_tile.begin() + static_cast<std::ptrdiff_t>(t * D), s.v_tile.begin() + static_cast<std::ptrdiff_t>((t + 1) * D));
+      std::memcpy(pos, pool.data(p) + layout.positions + t * sizeof(std::int32_t), sizeof pos);
+      c.positions.push_back(pos[0]);
+      c.indices.push_back(index);
+    }
+  }
+  if (!L.pend.empty()) exact(L.pend.k(), L.pend.v(), L.pend.positions(), L.pend.size(), L.total - L.pend.size());
+  return c;
 }
 
 }  // namespace kvpack::pool_detail
