@@ -401,6 +401,7 @@ void register_memory_benchmarks();
 void register_append_benchmarks();
 void register_attention_benchmarks();
 void register_splitk_benchmarks();
+void register_pool_benchmarks();    // bench_pool.cpp: batched decode on the page pool
 void register_llamacpp_benchmarks();  // only with KVPACK_BENCH_HAS_LLAMACPP (bench/peers/)
 
 }  // namespace kvpack_bench

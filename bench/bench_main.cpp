@@ -1,6 +1,6 @@
 // Entry point of kvpack_bench: measures the bandwidth probe once per thread count (before any
 // case, so no case pays for it), records it and the build in the JSON context, registers the
-// cases (memory, append/prefill, decode attention, split-K decode of one sequence, the llama.cpp peer) and runs Google Benchmark.
+// cases (memory, append/prefill, decode attention, split-K decode of one sequence, batched decode on the page pool, the llama.cpp peer) and runs Google Benchmark.
 #include <string>
 
 #include "bench_common.hpp"
@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   kvpack_bench::register_append_benchmarks();
   kvpack_bench::register_attention_benchmarks();
   kvpack_bench::register_splitk_benchmarks();
+  kvpack_bench::register_pool_benchmarks();
 #if defined(KVPACK_BENCH_HAS_LLAMACPP)
   kvpack_bench::register_llamacpp_benchmarks();
 #endif

@@ -58,10 +58,15 @@ struct CodecHook {
   /// positions pos[t]) into slots [off, off + commit_unit) of block b.
   static void encode(const BlockLayout& L, Block& b, std::size_t off, const float* k, const float* v,
                      std::ptrdiff_t stride, const std::int32_t* pos) {
-    std::byte* d = b.data.get();
+    encode(L, b.data.get(), b.header.flags, off, k, v, stride, pos);
+  }
+  /// The same into a payload `d` of L.bytes bytes that the caller owns (a pool page), `flags` its
+  /// header's flags.
+  static void encode(const BlockLayout& L, std::byte* d, std::uint8_t& flags, std::size_t off, const float* k,
+                     const float* v, std::ptrdiff_t stride, const std::int32_t* pos) {
     const int D = L.head_dim;
-    K::encode(k, stride, commit_unit, D, d, off, RoleRegion::of(L, true), b.header.flags);
-    V::encode(v, stride, commit_unit, D, d, off, RoleRegion::of(L, false), b.header.flags);
+    K::encode(k, stride, commit_unit, D, d, off, RoleRegion::of(L, true), flags);
+    V::encode(v, stride, commit_unit, D, d, off, RoleRegion::of(L, false), flags);
     std::memcpy(d + L.positions + off * sizeof(std::int32_t), pos, commit_unit * sizeof(std::int32_t));
   }
 

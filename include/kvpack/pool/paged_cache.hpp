@@ -1,0 +1,345 @@
+// PagedCache<Policy...>: many sequences over one pool of fixed-size pages (vLLM-style paged KV
+// cache), with the same policies, codes and attention as KVCache<Policy...>: a sequence of a
+// PagedCache and a KVCache fed the same tokens hold the same block bytes and attend bit-identically
+// on the same backend (tests/test_pool_basic.cpp). Adds what a serving engine needs: fork (pages
+// shared copy-on-write), truncate (exact rollback of rejected speculative tokens), batched decode
+// over the caller's executor, and a prefix cache of published full pages. DESIGN.md "Paged pool".
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvpack/cache/workspace.hpp"
+#include "kvpack/executor.hpp"
+#include "kvpack/kv_cache.hpp"
+#include "kvpack/pool/page_pool.hpp"
+#include "kvpack/pool/paged_sequence.hpp"
+#include "kvpack/pool/pool_types.hpp"
+#include "kvpack/pool/prefix_cache.hpp"
+#include "kvpack/pool/pool_checks.hpp"
+#include "kvpack/pool/pool_state.hpp"
+
+namespace kvpack {
+
+/// A page of a sequence's page table as PagedCache::pages() shows it.
+struct PageView {
+  std::uint32_t page = 0;          ///< page id in the arena
+  const std::byte* data = nullptr; ///< payload (BlockLayout of block_layout())
+  BlockHeader header;              ///< count = tokens stored in the page
+  std::uint32_t refs = 0;          ///< references now (> 1: shared, read-only)
+};
+
+/// Many sequences of compressed KV cache in one page pool. Policies as KVCache<Policies...>
+/// (the same static_asserts apply); not yet supported on the pool, each a readable compile error:
+/// eviction policies, Offload<>, Keyframe<> codecs.
+///
+/// Thread safety: calls on DIFFERENT sequences may run concurrently from several threads
+/// (append, attend, fork of distinct parents, create/free); calls on the SAME sequence must not
+/// overlap (attend/attend_batch with each other may: they only read). Pages shared by several
+/// sequences are only read. publish_prefix/attach_prefix/clear_prefix_cache are thread-safe.
+template <class... Policies>
+class PagedCache {
+  using single = KVCache<Policies...>;  // resolves the policies and runs KVCache's static_asserts
+
+ public:
+  using codec_hook = typename single::codec_hook;
+  static constexpr int sink_tokens = single::sink_tokens;
+  static constexpr int residual_tokens = single::residual_tokens;
+  static constexpr int block_tokens = single::block_tokens;
+  static constexpr int commit_unit = codec_hook::commit_unit;
+  static constexpr double key_bits_per_value = single::key_bits_per_value;
+  static constexpr double value_bits_per_value = single::value_bits_per_value;
+  static_assert(!single::evicts,
+                "kvpack::PagedCache<...>: eviction policies (SinkWindow, H2O, SnapKV, BlockSparse, TOVA) are not "
+                "supported on the page pool yet; use KVCache<...> for an evicting sequence");
+  static_assert(!single::offloads, "kvpack::PagedCache<...>: Offload<> is not supported on the page pool yet");
+  static_assert(!codec_hook::interval_blocks,
+                "kvpack::PagedCache<...>: Keyframe<...> codecs are not supported on the page pool yet");
+
+  /// Creates a pool: the page arena (PoolConfig::byte_budget), room for max_sequences handles.
+  /// Errc::invalid_argument: a bad shape (as KVCache::create), max_sequences < 1,
+  /// max_rollback_tokens < 0, a budget below one page; Errc::capacity_exceeded when the arena
+  /// cannot be allocated.
+  [[nodiscard]] static Result<PagedCache> create(const PoolConfig& cfg) {
+    if (Status s = validate_shape(cfg.shape, codec_hook::K::row_group, codec_hook::V::row_group); !s) return s.error();
+    if (cfg.max_sequences < 1 || cfg.max_rollback_tokens < 0)
+      return fail(Errc::invalid_argument, "PagedCache::create: max_sequences must be >= 1 and max_rollback_tokens >= 0");
+    auto st = std::make_unique<State>();
+    st->cfg = cfg;
+    st->layout = make_block_layout<typename codec_hook::key_codec, typename codec_hook::value_codec,
+                                   codec_hook::keys_per_channel>(block_tokens, cfg.shape.head_dim);
+    auto pool = PagePool::create(st->layout.bytes, cfg.byte_budget, codec_hook::header(cfg.shape.head_dim));
+    if (!pool) return pool.error();
+    st->pool = std::move(pool.value());
+    st->hist_cap = cfg.max_rollback_tokens > 0 ? cfg.max_rollback_tokens + residual_tokens + commit_unit - 1 : 0;
+    st->slots = std::make_unique<Slot[]>(static_cast<std::size_t>(cfg.max_sequences));
+    for (int i = cfg.max_sequences - 1; i >= 0; --i) st->free_slots.push_back(static_cast<std::uint32_t>(i));
+    return Result<PagedCache>(PagedCache(std::move(st)));
+  }
+
+  PagedCache(PagedCache&&) noexcept = default;
+  PagedCache& operator=(PagedCache&&) noexcept = default;
+  PagedCache(const PagedCache&) = delete;
+  PagedCache& operator=(const PagedCache&) = delete;
+  ~PagedCache() = default;  // State releases and zeroes everything
+
+  /// A new empty sequence. Errc::capacity_exceeded when max_sequences are live.
+  [[nodiscard]] Result<SeqId> create_sequence() {
+    if (!st_) return moved("create_sequence");
+    return st_->open("create_sequence");
+  }
+
+  /// A new sequence equal to `parent`: every page of the parent is shared (reference-counted,
+  /// copy-on-write: an append or truncate on either side copies a shared page before changing it,
+  /// so neither ever sees the other's later tokens); fp32 rows are copied. Errors: a stale handle
+  /// (Errc::invalid_argument), max_sequences live (Errc::capacity_exceeded).
+  [[nodiscard]] Result<SeqId> fork(SeqId parent) {
+    auto p = find(parent, "fork");
+    if (!p) return p.error();
+    auto id = st_->open("fork");
+    if (!id) return id;
+    Slot& c = st_->slots[id->index];
+    for (std::size_t l = 0; l < c.layers.size(); ++l) {
+      pool_detail::copy_exact((*p)->layers[l], c.layers[l]);
+      for (const auto& table : c.layers[l].pages)
+        for (const std::uint32_t pg : table) st_->pool->retain(pg);
+    }
+    return id;
+  }
+
+  /// Frees a sequence: its pages lose a reference (a page goes back to the free list, zeroed,
+  /// with its last one), its fp32 rows are zeroed, its handle becomes stale. Errc::invalid_argument
+  /// for a stale handle.
+  Status free_sequence(SeqId id) {
+    auto s = find(id, "free_sequence");
+    if (!s) return s.error();
+    st_->close(id.index);
+    return {};
+  }
+
+  /// Whether `id` names a live sequence of this pool.
+  [[nodiscard]] bool valid(SeqId id) const noexcept { return st_ && st_->live(id); }
+
+  /// Tokens appended to layer 0 of the sequence (its length). Errc::invalid_argument: stale handle.
+  [[nodiscard]] Result<std::int64_t> length(SeqId id) const { return tokens(id, 0); }
+  /// Tokens appended to `layer` of the sequence. Errc::invalid_argument: stale handle, bad layer.
+  [[nodiscard]] Result<std::int64_t> tokens(SeqId id, int layer) const {
+    auto s = find(id, "tokens");
+    if (!s) return s.error();
+    if (Status c = check_layer("tokens", layer); !c) return c.error();
+    return (*s)->layers[static_cast<std::size_t>(layer)].total;
+  }
+
+  /// Drops the newest tokens of every layer so that `new_length` remain: the sequence is then
+  /// bit-identical (page bytes and counts, pending fp32 rows, sinks) to one that never received
+  /// the dropped tokens, including per-channel key groups and residual windows that the dropped
+  /// tokens had completed (their tokens are rebuilt from the rollback copies). The latest chunk
+  /// keeps its surviving tokens (attend may still read them as the latest append).
+  /// Errors, with nothing changed: stale handle; new_length < 0 or above a layer's tokens
+  /// (Errc::invalid_argument); more than max_rollback_tokens dropped from any layer, or a layer
+  /// whose rollback copies do not reach back far enough (after attach_prefix) (Errc::unsupported);
+  /// a shared page to cut but no free page to copy it to (Errc::capacity_exceeded).
+  Status truncate(SeqId id, std::int64_t new_length) {
+    auto s = find(id, "truncate");
+    if (!s) return s.error();
+    return st_->truncate(**s, new_length);
+  }
+
+  /// Appends n = positions.size() tokens to `layer` of the sequence, as KVCache::append:
+  /// k, v [n][kv_heads][head_dim] float32 (keys post-RoPE), positions [n]; commits by the same rule,
+  /// taking pages from the pool (and copying a shared open page first).
+  /// Errors, with nothing written: stale handle, layer out of range, wrong sizes, a negative
+  /// position (Errc::invalid_argument); more than shape.max_tokens tokens in the layer, or the
+  /// page pool exhausted (Errc::capacity_exceeded, naming pages needed and free); NaN/Inf
+  /// (Errc::non_finite, naming layer, KV head, token and channel). n = 0 is a no-op.
+  Status append(SeqId id, int layer, std::span<const float> k, std::span<const float> v,
+                std::span<const std::int32_t> positions) {
+    auto s = find(id, "append");
+    if (!s) return s.error();
+    if (Status c = check_layer("append", layer); !c) return c;
+    auto& L = (*s)->layers[static_cast<std::size_t>(layer)];
+    if (Status c = pool_detail::check_append(shape(), layer, L.total, k, v, positions); !c) return c;
+    if (positions.empty()) return {};
+    const State& S = *st_;
+    std::vector<std::uint32_t> spare;
+    const std::size_t need = pool_detail::pages_for_append(L, *S.pool, static_cast<std::int64_t>(positions.size()),
+                                                          sink_tokens, residual_tokens, commit_unit, block_tokens);
+    if (Status t = st_->pool->take(need, spare, "append"); !t) return t;
+    pool_detail::push(L, k, v, positions, row_floats(), sink_tokens, S.hist_cap);
+    pool_detail::commit<codec_hook>(L, *st_->pool, S.layout, shape().kv_heads, residual_tokens, spare);
+    for (const std::uint32_t p : spare) st_->pool->release(p);  // none left when the count was right
+    return {};
+  }
+
+  /// Attention of the last n_q tokens appended to `layer` of the sequence over everything it
+  /// holds, exactly as KVCache::attend (same kernel, same segments: bit-identical on the same
+  /// backend). q, out: [n_q][q_heads][head_dim]. Scratch lives in `ws` (one per thread).
+  /// Errors as KVCache::attend (invalid_argument, non_finite) plus a stale handle.
+  Status attend(SeqId id, int layer, std::span<const float> q, std::span<float> out, Workspace& ws) const {
+    auto s = find(id, "attend");
+    if (!s) return s.error();
+    if (Status c = check_layer("attend", layer); !c) return c;
+    const auto& L = (*s)->layers[static_cast<std::size_t>(layer)];
+    if (Status c = pool_detail::check_queries(shape(), layer, L.chunk_tokens, q, out, 0); !c) return c;
+    attend_one(L, q, out, ws);
+    return pool_detail::check_output(shape(), layer, out, 0);
+  }
+
+  /// Batched decode: one query token for each of N = seqs.size() sequences (of any lengths) of
+  /// `layer`, each attending over its own pages (a paged view as vLLM block tables / FlashInfer
+  /// paged_kv_t). q, out: [N][q_heads][head_dim]; sequence i's query is its latest appended token.
+  /// Runs W = min(N, workspaces.size()) tasks on `exec` (task w decodes sequences w, w + W, ...
+  /// with workspaces[w]); an empty exec runs them serially. Every output is bit-identical to
+  /// attend() of that sequence alone (same kernel and inputs; threads share no scratch).
+  /// Errors, checked before anything runs (out untouched): stale handle (naming its index in
+  /// seqs), bad layer, sizes, a sequence whose latest append is empty, non-finite q,
+  /// empty workspaces (Errc::invalid_argument / non_finite); after: a non-finite output.
+  Status attend_batch(int layer, std::span<const SeqId> seqs, std::span<const float> q, std::span<float> out,
+                      const Executor& exec, std::span<Workspace> workspaces) const {
+    if (!st_) return moved("attend_batch");
+    if (Status c = check_layer("attend_batch", layer); !c) return c;
+    const std::size_t N = seqs.size(), qrow = static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(shape().head_dim);
+    if (N == 0 || q.size() != N * qrow || out.size() != q.size() || workspaces.empty())
+      return fail(Errc::invalid_argument, "attend_batch: need N >= 1 sequences, q and out of N * q_heads * head_dim = " +
+                                              std::to_string(N * qrow) + " floats (got " + std::to_string(q.size()) + ", " +
+                                              std::to_string(out.size()) + ") and at least one workspace");
+    std::vector<const pool_detail::PagedLayer*> Ls(N);
+    for (std::size_t i = 0; i < N; ++i) {
+      auto s = find(seqs[i], "attend_batch");
+      if (!s) return fail(s.error().code, s.error().message + " (sequence " + std::to_string(i) + " of the batch)");
+      Ls[i] = &(*s)->layers[static_cast<std::size_t>(layer)];
+      if (Status c = pool_detail::check_queries(shape(), layer, Ls[i]->chunk_tokens, q.subspan(i * qrow, qrow),
+                                                out.subspan(i * qrow, qrow), static_cast<std::int64_t>(i));
+          !c)
+        return c;
+    }
+    const int W = static_cast<int>(std::min(N, workspaces.size()));
+    auto task = [&](int w) {
+      for (std::size_t i = static_cast<std::size_t>(w); i < N; i += static_cast<std::size_t>(W))
+        attend_one(*Ls[i], q.subspan(i * qrow, qrow), out.subspan(i * qrow, qrow), workspaces[static_cast<std::size_t>(w)]);
+    };
+    if (exec) exec(W, task);
+    else
+      for (int w = 0; w < W; ++w) task(w);
+    for (std::size_t i = 0; i < N; ++i)
+      if (Status c = pool_detail::check_output(shape(), layer, out.subspan(i * qrow, qrow), static_cast<std::int64_t>(i)); !c)
+        return c;
+    return {};
+  }
+
+  /// Publishes the full pages of a sequence to the prefix cache: for each k with (k + 1) * B
+  /// tokens committed in every layer and within tokens.size(), the pages of block k (every layer
+  /// and KV head) under the key hash(model id, codec format id, tokens[0, (k + 1) * B)). `tokens`
+  /// are the token ids the sequence was fed, oldest first. Published pages gain a reference (they
+  /// stay until clear_prefix_cache) and are read-only from then on. Returns the blocks newly
+  /// published. Errors: stale handle; Errc::unsupported with Sinks<N> (sink rows are not in pages).
+  Result<std::int64_t> publish_prefix(SeqId id, std::string_view model_id, std::span<const std::int32_t> tokens) {
+    auto s = find(id, "publish_prefix");
+    if (!s) return s.error();
+    if (sink_tokens > 0) return fail(Errc::unsupported, "publish_prefix: not available with Sinks<N> (sink rows are not paged)");
+    return st_->publish(**s, model_id, tokens);
+  }
+
+  /// Prefix cache lookup for an EMPTY sequence about to receive `prompt` (all of it): attaches the
+  /// longest chain of published blocks matching prompt[0, m * B), capped so that those tokens are
+  /// ones appending the whole prompt would commit (m * B <= commit_count(prompt.size())), and
+  /// returns m * B: the caller appends prompt tokens from there on (positions as the publisher's).
+  /// Decoding afterwards is bit-identical to a sequence that appended prompt[0, m * B) and the
+  /// rest in two appends (prefill queries of the rest read the prefix quantized, not exact).
+  /// Errors: stale handle, a non-empty sequence (Errc::invalid_argument); Sinks<N> (Errc::unsupported).
+  Result<std::int64_t> attach_prefix(SeqId id, std::string_view model_id, std::span<const std::int32_t> prompt) {
+    auto s = find(id, "attach_prefix");
+    if (!s) return s.error();
+    if (sink_tokens > 0) return fail(Errc::unsupported, "attach_prefix: not available with Sinks<N> (sink rows are not paged)");
+    return st_->attach(**s, model_id, prompt);
+  }
+
+  /// Drops every published prefix entry (their pages lose the cache's reference).
+  void clear_prefix_cache() {
+    if (st_) st_->prefix.clear(*st_->pool);
+  }
+
+  /// The page table of (layer, kv_head) of a sequence, oldest page first. Errc::invalid_argument:
+  /// stale handle or indices out of range.
+  [[nodiscard]] Result<std::vector<PageView>> pages(SeqId id, int layer, int kv_head) const {
+    auto s = find(id, "pages");
+    if (!s) return s.error();
+    if (layer < 0 || layer >= shape().layers || kv_head < 0 || kv_head >= shape().kv_heads)
+      return fail(Errc::invalid_argument, "pages: layer or kv_head out of range");
+    std::vector<PageView> v;
+    for (const std::uint32_t p : (*s)->layers[static_cast<std::size_t>(layer)].pages[static_cast<std::size_t>(kv_head)])
+      v.push_back({p, st_->pool->data(p), st_->pool->header(p), st_->pool->refs(p)});
+    return v;
+  }
+
+  /// Decodes everything (layer, kv_head) of the sequence holds as attention reads it (the latest
+  /// append aside, which attend reads exactly), in cache-index order: as KVCache::read_back, for
+  /// float64 references. Errc::invalid_argument: stale handle or indices out of range.
+  [[nodiscard]] Result<HeadContents> read_back(SeqId id, int layer, int kv_head) const {
+    auto s = find(id, "read_back");
+    if (!s) return s.error();
+    if (layer < 0 || layer >= shape().layers || kv_head < 0 || kv_head >= shape().kv_heads)
+      return fail(Errc::invalid_argument, "read_back: layer or kv_head out of range");
+    return pool_detail::read_back<codec_hook>((*s)->layers[static_cast<std::size_t>(layer)], *st_->pool, st_->layout,
+                                              shape().kv_heads, kv_head);
+  }
+
+  /// A snapshot of pool use (pool_types.hpp). Not synchronized with concurrent appends.
+  [[nodiscard]] PoolStats stats() const { return st_ ? st_->stats() : PoolStats{}; }
+  /// Bytes the pool holds: the whole arena, the per-page overhead, and every sequence's fp32 rows.
+  [[nodiscard]] std::size_t memory_bytes() const {
+    if (!st_) return 0;
+    const PoolStats s = st_->stats();
+    return s.pages_total * s.page_bytes + s.overhead_bytes + s.exact_bytes;
+  }
+  [[nodiscard]] const ModelShape& shape() const noexcept { return st_->cfg.shape; }
+  [[nodiscard]] const PoolConfig& config() const noexcept { return st_->cfg; }
+  [[nodiscard]] const BlockLayout& block_layout() const noexcept { return st_->layout; }
+
+ private:
+  using Slot = pool_detail::SeqSlot;
+  using State = pool_detail::PoolState<codec_hook, sink_tokens, residual_tokens>;
+  explicit PagedCache(std::unique_ptr<State> st) : st_(std::move(st)) {}
+
+  [[nodiscard]] std::size_t row_floats() const noexcept {
+    return static_cast<std::size_t>(shape().kv_heads) * static_cast<std::size_t>(shape().head_dim);
+  }
+  static Error moved(const char* what) { return fail(Errc::invalid_argument, std::string(what) + ": moved-from PagedCache"); }
+  [[nodiscard]] Result<Slot*> find(SeqId id, const char* what) const {
+    if (!st_) return moved(what);
+    if (!st_->live(id))
+      return fail(Errc::invalid_argument, std::string(what) + ": sequence handle {" + std::to_string(id.index) + ", " +
+                                              std::to_string(id.generation) + "} is not live (freed, stale or never created)");
+    return &st_->slots[id.index];
+  }
+  [[nodiscard]] Status check_layer(const char* what, int layer) const {
+    if (layer >= 0 && layer < shape().layers) return {};
+    return fail(Errc::invalid_argument, std::string(what) + ": layer " + std::to_string(layer) + " out of range [0, " +
+                                            std::to_string(shape().layers) + ")");
+  }
+  // One sequence's attention, head by head on the calling thread, scratch in ws.
+  void attend_one(const pool_detail::PagedLayer& L, std::span<const float> q, std::span<float> out, Workspace& ws) const {
+    const int D = shape().head_dim, group = shape().q_heads / shape().kv_heads;
+    const std::size_t qrow = static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(D);
+    const auto n_q = static_cast<std::int64_t>(q.size() / qrow);
+    for (int h = 0; h < shape().kv_heads; ++h) {
+      const std::int64_t at = static_cast<std::int64_t>(h) * group * D;
+      const kernels::AttendArgs a = pool_detail::args_for(shape(), L.total, q.data() + at, out.data() + at, n_q, group);
+      const kernels::HeadSegments seg = pool_detail::segments(L, *st_->pool, st_->layout, shape().kv_heads, h, ws.refs);
+      codec_hook::attend(a, seg, st_->layout, ws.scratch);
+    }
+  }
+
+  std::unique_ptr<State> st_;
+};
+
+}  // namespace kvpack

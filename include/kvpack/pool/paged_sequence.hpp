@@ -1,0 +1,325 @@
+// PagedSequence: what one sequence of a PagedCache holds, per layer, and its token lifecycle over
+// pool pages. The lifecycle is the single-sequence cache's (cache/sequence_store.hpp, CASES C12):
+// fp32 sinks first, then fp32 pending rows; at the end of every append the oldest pending tokens
+// beyond the residual window are quantized, one commit unit at a time, into the open page of each
+// KV head. Codes therefore depend only on the tokens, and after n non-sink tokens exactly
+// commit_count(n) = max(0, floor((n - R) / unit)) * unit are committed, whatever the chunking:
+// this is what makes truncate() exact (the state after n tokens is a function of n).
+//
+// Rollback copies: `hist` keeps fp32 copies of the newest non-sink tokens (at most
+// max_rollback + R + unit - 1), enough to rebuild the pending rows of any length truncate() accepts.
+//
+// Copy-on-write: a page with more than one reference (fork, prefix cache) is never written; the
+// writer first copies it into a page it holds alone (PagedCache reserves those pages up front).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "kvpack/cache/block.hpp"
+#include "kvpack/cache/pending_rows.hpp"
+#include "kvpack/cache/shape.hpp"
+#include "kvpack/detail/secure_zero.hpp"
+#include "kvpack/kernels/dispatch.hpp"
+#include "kvpack/pool/page_pool.hpp"
+
+namespace kvpack::pool_detail {
+
+/// One layer of one sequence.
+struct PagedLayer {
+  std::vector<float> sink_k, sink_v;  ///< [sinks_held][kv_heads][D]
+  std::vector<std::int32_t> sink_pos;
+  PendingRows pend;                   ///< fp32 rows not yet quantized, oldest first
+  PendingRows hist;                   ///< fp32 copies of the newest non-sink tokens (rollback)
+  std::vector<float> chunk_k, chunk_v;  ///< exact copy of the latest append (CASES C5)
+  std::vector<std::vector<std::uint32_t>> pages;  ///< page table: [kv_head][page], oldest first
+  std::int64_t sinks_held = 0, committed = 0, total = 0, chunk_tokens = 0;
+
+  /// Bytes of fp32 rows and positions this layer holds (pending, rollback copies, sinks, chunk).
+  [[nodiscard]] std::size_t exact_bytes(std::size_t row) const noexcept {
+    const auto n = static_cast<std::size_t>(pend.size() + hist.size() + sinks_held + chunk_tokens);
+    return n * row * 2 * sizeof(float) + static_cast<std::size_t>(pend.size() + hist.size() + sinks_held) * 4;
+  }
+  /// Zeroes every fp32 row and forgets the pages (the caller releases them first).
+  void wipe() noexcept {
+    for (auto* v : {&sink_k, &sink_v, &chunk_k, &chunk_v}) detail::wipe_vector(*v);
+    detail::wipe_vector(sink_pos);
+    pend.wipe();
+    hist.wipe();
+    for (auto& p : pages) p.clear();
+    sinks_held = committed = total = chunk_tokens = 0;
+  }
+};
+
+/// Tokens committed after n non-sink tokens with residual window R and commit unit U.
+[[nodiscard]] constexpr std::int64_t commit_count(std::int64_t n, int R, int U) noexcept {
+  return n > R ? (n - R) / U * U : 0;
+}
+
+/// Zeroes slots [from, to) of a page payload: codes, metadata (per-channel key metadata by whole
+/// groups: from and to are multiples of the key group then) and positions.
+inline void zero_slots(const BlockLayout& L, std::byte* d, std::size_t from, std::size_t to) noexcept {
+  const std::size_t n = to - from;
+  detail::secure_zero(d + L.k_codes + from * L.k_row, n * L.k_row);
+  if (L.k_per_channel) {
+    const auto G = static_cast<std::size_t>(L.k_group);
+    detail::secure_zero(d + L.k_meta + from / G * L.k_meta_group, n / G * L.k_meta_group);
+  } else {
+    detail::secure_zero(d + L.k_meta + from * L.k_meta_token, n * L.k_meta_token);
+  }
+  detail::secure_zero(d + L.v_codes + from * L.v_row, n * L.v_row);
+  detail::secure_zero(d + L.v_meta + from * L.v_meta_token, n * L.v_meta_token);
+  detail::secure_zero(d + L.positions + from * sizeof(std::int32_t), n * sizeof(std::int32_t));
+}
+
+/// Copies a layer's fp32 state (everything but the pages) for fork(); page ids are copied too,
+/// the caller retains them.
+inline void copy_exact(const PagedLayer& from, PagedLayer& to) {
+  to.sink_k = from.sink_k, to.sink_v = from.sink_v, to.sink_pos = from.sink_pos;
+  to.chunk_k = from.chunk_k, to.chunk_v = from.chunk_v;
+  to.pages = from.pages;
+  to.sinks_held = from.sinks_held, to.committed = from.committed, to.total = from.total;
+  to.chunk_tokens = from.chunk_tokens;
+  to.pend.wipe();
+  to.hist.wipe();
+  if (!from.pend.empty())
+    to.pend.push(from.pend.k(), from.pend.v(), from.pend.positions(), static_cast<std::size_t>(from.pend.size()));
+  if (!from.hist.empty())
+    to.hist.push(from.hist.k(), from.hist.v(), from.hist.positions(), static_cast<std::size_t>(from.hist.size()));
+}
+
+/// Makes page `slot` of KV head h's table writable: when shared, copies it into one of `spare`
+/// (popped) and drops the shared reference.
+inline void make_writable(PagePool& pool, std::vector<std::uint32_t>& table, std::size_t slot,
+                          std::vector<std::uint32_t>& spare) {
+  const std::uint32_t p = table[slot];
+  if (pool.refs(p) <= 1) return;
+  const std::uint32_t fresh = spare.back();
+  spare.pop_back();
+  pool.copy(p, fresh);
+  table[slot] = fresh;
+  pool.release(p);
+}
+
+/// Quantizes the pending tokens of L beyond commit_count into pages (Codec: a CodecHook). `spare`
+/// holds the pages reserved for this commit (new pages and copy-on-write copies).
+template <class Codec>
+void commit(PagedLayer& L, PagePool& pool, const BlockLayout& layout, int kv_heads, int R,
+            std::vector<std::uint32_t>& spare) {
+  constexpr int U = Codec::commit_unit;
+  const std::int64_t target = commit_count(L.total - L.sinks_held, R, U);
+  if (target <= L.committed) return;
+  const std::int64_t B = layout.tokens;
+  const auto stride = static_cast<std::ptrdiff_t>(static_cast<std::size_t>(kv_heads) * static_cast<std::size_t>(layout.head_dim));
+  const std::int64_t n_commit = target - L.committed;
+  for (int h = 0; h < kv_heads; ++h) {
+    auto& table = L.pages[static_cast<std::size_t>(h)];
+    if (L.committed % B != 0) make_writable(pool, table, table.size() - 1, spare);
+    for (std::int64_t t0 = 0; t0 < n_commit; t0 += U) {
+      const std::int64_t slot = L.committed + t0;
+      if (slot % B == 0) {
+        table.push_back(spare.back());
+        spare.pop_back();
+      }
+      const std::uint32_t p = table.back();
+      BlockHeader& hd = pool.header(p);
+      const auto off = static_cast<std::size_t>(slot % B);
+      const std::ptrdiff_t at = t0 * stride + static_cast<std::ptrdiff_t>(h) * layout.head_dim;
+      Codec::encode(layout, pool.data(p), hd.flags, off, L.pend.k() + at, L.pend.v() + at, stride, L.pend.positions() + t0);
+      hd.count = static_cast<std::uint16_t>(std::max<std::size_t>(hd.count, off + static_cast<std::size_t>(U)));
+      ++hd.version;
+    }
+  }
+  L.committed = target;
+  L.pend.drop_front(n_commit);
+}
+
+/// Pages a commit of L after appending n tokens needs: new pages plus copies of shared open pages.
+[[nodiscard]] inline std::size_t pages_for_append(const PagedLayer& L, const PagePool& pool, std::int64_t n, int sinks,
+                                                  int R, int U, int B) {
+  const std::int64_t total = L.total + n;
+  const std::int64_t sinks_after = std::min<std::int64_t>(sinks, total);
+  const std::int64_t target = commit_count(total - sinks_after, R, U);
+  if (target <= L.committed) return 0;
+  const auto have = static_cast<std::int64_t>(L.pages.empty() ? 0 : L.pages[0].size());
+  const std::int64_t want = (target + B - 1) / B;
+  std::size_t need = static_cast<std::size_t>(want - have) * L.pages.size();
+  if (L.committed % B != 0)
+    for (const auto& t : L.pages) need += pool.refs(t.back()) > 1;
+  return need;
+}
+
+/// Kernel segments of KV head h of L (as SequenceStore::segments without eviction): sinks, pages
+/// (cut before the latest chunk), pending rows before the latest chunk, the latest chunk exact.
+inline kernels::HeadSegments segments(const PagedLayer& L, const PagePool& pool, const BlockLayout& layout, int kv_heads,
+                                      int h, std::vector<kernels::BlockRef>& refs) {
+  const std::int64_t stride = static_cast<std::int64_t>(kv_heads) * layout.head_dim;
+  const std::int64_t hoff = static_cast<std::int64_t>(h) * layout.head_dim;
+  const std::int64_t chunk_start = L.total - L.chunk_tokens;
+  auto rows = [&](const float* base, std::int64_t first_row) -> const float* {
+    return base ? base + first_row * stride + hoff : nullptr;
+  };
+  kernels::HeadSegments seg;
+  seg.sinks = {rows(L.sink_k.empty() ? nullptr : L.sink_k.data(), 0), rows(L.sink_v.empty() ? nullptr : L.sink_v.data(), 0),
+               stride, 0, L.sinks_held};
+  refs.clear();
+  for (const std::uint32_t p : L.pages[static_cast<std::size_t>(h)]) {
+    const std::int64_t first = L.sinks_held + static_cast<std::int64_t>(refs.size()) * layout.tokens;
+    const BlockHeader& hd = pool.header(p);
+    const std::int64_t count = std::min<std::int64_t>(hd.count, chunk_start - first);
+    if (count <= 0) break;
+    refs.push_back({pool.data(p), first, static_cast<int>(count), nullptr, hd.flags});
+  }
+  seg.blocks = refs;
+  const std::int64_t pend_n = L.pend.size(), pend_first = L.total - pend_n;
+  const std::int64_t pend_count = std::max<std::int64_t>(0, chunk_start - pend_first);
+  seg.pending = {rows(L.pend.k(), 0), rows(L.pend.v(), 0), stride, pend_first, std::min(pend_count, pend_n)};
+  const std::int64_t chunk_first = std::max<std::int64_t>(chunk_start, L.sinks_held);
+  const std::int64_t skip = chunk_first - chunk_start;
+  seg.chunk = {rows(L.chunk_k.empty() ? nullptr : L.chunk_k.data(), skip),
+               rows(L.chunk_v.empty() ? nullptr : L.chunk_v.data(), skip), stride, chunk_first, L.total - chunk_first};
+  return seg;
+}
+
+/// Stores n appended tokens (k, v: [n][row]; pos: [n]) in L: the exact chunk copy, sinks first,
+/// then pending rows, and (hist_cap > 0) rollback copies of the non-sink ones, trimmed to hist_cap.
+inline void push(PagedLayer& L, std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> pos,
+                 std::size_t row, int sinks, std::int64_t hist_cap) {
+  const auto n = static_cast<std::int64_t>(pos.size());
+  const auto r = static_cast<std::int64_t>(row);
+  L.chunk_k.assign(k.begin(), k.end());
+  L.chunk_v.assign(v.begin(), v.end());
+  L.chunk_tokens = n;
+  std::int64_t t = 0;
+  for (; t < n && L.sinks_held < sinks; ++t, ++L.sinks_held) {
+    L.sink_k.insert(L.sink_k.end(), k.begin() + t * r, k.begin() + (t + 1) * r);
+    L.sink_v.insert(L.sink_v.end(), v.begin() + t * r, v.begin() + (t + 1) * r);
+    L.sink_pos.push_back(pos[static_cast<std::size_t>(t)]);
+  }
+  if (t < n) {
+    L.pend.push(k.data() + t * r, v.data() + t * r, pos.data() + t, static_cast<std::size_t>(n - t));
+    if (hist_cap > 0) {
+      const std::int64_t from = std::max(t, n - hist_cap);  // older rows would be trimmed at once
+      L.hist.push(k.data() + from * r, v.data() + from * r, pos.data() + from, static_cast<std::size_t>(n - from));
+      if (L.hist.size() > hist_cap) L.hist.drop_front(L.hist.size() - hist_cap);
+    }
+  }
+  L.total += n;
+}
+
+/// Whether L's rollback copies hold what truncating it to n_new tokens needs (the pending rows of
+/// the shorter state).
+[[nodiscard]] inline bool can_truncate(const PagedLayer& L, std::int64_t n_new, int sinks, int R, int U) noexcept {
+  const std::int64_t s = std::min<std::int64_t>(sinks, n_new);
+  const std::int64_t from = s + commit_count(n_new - s, R, U);
+  return n_new == L.total || from >= n_new || from >= L.total - L.hist.size();
+}
+
+/// Pages truncating L to n_new tokens needs: a copy of each shared page that must be cut.
+[[nodiscard]] inline std::size_t pages_for_truncate(const PagedLayer& L, const PagePool& pool, std::int64_t n_new,
+                                                    int sinks, int R, int U, int B) {
+  const std::int64_t s = std::min<std::int64_t>(sinks, n_new);
+  const std::int64_t c = commit_count(n_new - s, R, U);
+  if (c % B == 0 || c >= L.committed) return 0;
+  std::size_t need = 0;
+  for (const auto& t : L.pages) need += pool.refs(t[static_cast<std::size_t>(c / B)]) > 1;
+  return need;
+}
+
+/// Drops the newest tokens of L so that n_new remain, leaving exactly the state appending only
+/// those n_new tokens would have left (codes, page bytes, pending rows, sinks); the latest chunk
+/// keeps its surviving tokens. Requires can_truncate and the pages_for_truncate pages in `spare`.
+inline void truncate(PagedLayer& L, PagePool& pool, const BlockLayout& layout, std::size_t row, std::int64_t n_new,
+                     int sinks, int R, int U, std::vector<std::uint32_t>& spare) {
+  if (n_new == L.total) return;  // nothing dropped: the latest chunk and pending rows stay as they are
+  const std::int64_t B = layout.tokens, drop = L.total - n_new;
+  const std::int64_t s = std::min<std::int64_t>(sinks, n_new);
+  const std::int64_t c = commit_count(n_new - s, R, U);
+  const auto keep_pages = static_cast<std::size_t>((c + B - 1) / B);
+  for (auto& table : L.pages) {
+    while (table.size() > keep_pages) {
+      pool.release(table.back());
+      table.pop_back();
+    }
+    if (c % B != 0 && c < L.committed) {
+      make_writable(pool, table, keep_pages - 1, spare);
+      const std::uint32_t p = table.back();
+      const auto to = static_cast<std::size_t>(std::min<std::int64_t>(B, L.committed - static_cast<std::int64_t>(keep_pages - 1) * B));
+      zero_slots(layout, pool.data(p), static_cast<std::size_t>(c % B), to);
+      pool.header(p).count = static_cast<std::uint16_t>(c % B);
+      ++pool.header(p).version;
+    }
+  }
+  // Pending rows of the shorter state: tokens [s + c, n_new), all within the rollback copies.
+  const std::int64_t hfirst = L.total - L.hist.size(), from = s + c;
+  const auto r = static_cast<std::int64_t>(row);
+  PendingRows pend, hist;
+  pend.configure(row, 0);
+  hist.configure(row, 0);
+  if (from < n_new) {
+    const std::int64_t at = (from - hfirst) * r;
+    pend.push(L.hist.k() + at, L.hist.v() + at, L.hist.positions() + (from - hfirst), static_cast<std::size_t>(n_new - from));
+  }
+  if (n_new > hfirst && !L.hist.empty())
+    hist.push(L.hist.k(), L.hist.v(), L.hist.positions(), static_cast<std::size_t>(n_new - hfirst));
+  L.pend.wipe();
+  L.hist.wipe();
+  L.pend = std::move(pend);
+  L.hist = std::move(hist);
+  auto cut = [](auto& vec, std::size_t keep) {
+    if (vec.size() > keep) detail::secure_zero(vec.data() + keep, (vec.size() - keep) * sizeof(vec[0]));
+    vec.resize(std::min(vec.size(), keep));
+  };
+  cut(L.sink_k, static_cast<std::size_t>(s) * row);
+  cut(L.sink_v, static_cast<std::size_t>(s) * row);
+  cut(L.sink_pos, static_cast<std::size_t>(s));
+  L.chunk_tokens = std::max<std::int64_t>(0, L.chunk_tokens - drop);
+  cut(L.chunk_k, static_cast<std::size_t>(L.chunk_tokens) * row);
+  cut(L.chunk_v, static_cast<std::size_t>(L.chunk_tokens) * row);
+  L.sinks_held = s;
+  L.committed = c;
+  L.total = n_new;
+}
+
+/// Decodes what KV head h of L holds as attention reads it (the latest chunk aside: it is read
+/// exactly by attend), in cache-index order: fp32 sinks, the pages dequantized, fp32 pending rows.
+template <class Codec>
+[[nodiscard]] HeadContents read_back(const PagedLayer& L, const PagePool& pool, const BlockLayout& layout, int kv_heads, int h) {
+  const auto D = static_cast<std::size_t>(layout.head_dim);
+  const std::size_t stride = static_cast<std::size_t>(kv_heads) * D, hoff = static_cast<std::size_t>(h) * D;
+  HeadContents c;
+  auto exact = [&](const float* ks, const float* vs, const std::int32_t* pos, std::int64_t n, std::int64_t first) {
+    for (std::int64_t t = 0; t < n; ++t) {
+      const std::size_t at = static_cast<std::size_t>(t) * stride + hoff;
+      c.k.insert(c.k.end(), ks + at, ks + at + D);
+      c.v.insert(c.v.end(), vs + at, vs + at + D);
+      c.positions.push_back(pos[t]);
+      c.indices.push_back(first + t);
+    }
+  };
+  exact(L.sink_k.data(), L.sink_v.data(), L.sink_pos.data(), L.sinks_held, 0);
+  kernels::Scratch s;
+  s.ensure(1, layout.head_dim, layout.tokens);
+  std::int64_t index = L.sinks_held;
+  for (const std::uint32_t p : L.pages[static_cast<std::size_t>(h)]) {
+    const BlockHeader& hd = pool.header(p);
+    Codec::decode(layout, pool.data(p), hd.flags, hd.count, s);
+    std::int32_t pos[1];
+    for (std::size_t t = 0; t < hd.count; ++t, ++index) {
+      c.k.insert(c.k.end(), s.k_tile.begin() + static_cast<std::ptrdiff_t>(t * D), s.k_tile.begin() + static_cast<std::ptrdiff_t>((t + 1) * D));
+      c.v.insert(c.v.end(), s.v_tile.begin() + static_cast<std::ptrdiff_t>(t * D), s.v_tile.begin() + static_cast<std::ptrdiff_t>((t + 1) * D));
+      std::memcpy(pos, pool.data(p) + layout.positions + t * sizeof(std::int32_t), sizeof pos);
+      c.positions.push_back(pos[0]);
+      c.indices.push_back(index);
+    }
+  }
+  if (!L.pend.empty()) exact(L.pend.k(), L.pend.v(), L.pend.positions(), L.pend.size(), L.total - L.pend.size());
+  return c;
+}
+
+}  // namespace kvpack::pool_detail

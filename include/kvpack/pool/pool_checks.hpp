@@ -1,0 +1,97 @@
+// Argument checks and kernel arguments of PagedCache (the same rules and messages as KVCache's
+// append and attend), kept apart from the facade.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+
+#include "kvpack/cache/shape.hpp"
+#include "kvpack/kernels/dispatch.hpp"
+#include "kvpack/result.hpp"
+
+namespace kvpack::pool_detail {
+
+/// Checks an append of positions.size() tokens to a layer holding `held` tokens: k and v sizes,
+/// capacity (shape.max_tokens per sequence and layer), negative positions, non-finite values.
+[[nodiscard]] inline Status check_append(const ModelShape& shape, int layer, std::int64_t held, std::span<const float> k,
+                                         std::span<const float> v, std::span<const std::int32_t> positions) {
+  const auto n = static_cast<std::int64_t>(positions.size());
+  const std::size_t row = static_cast<std::size_t>(shape.kv_heads) * static_cast<std::size_t>(shape.head_dim);
+  const std::string at = "append: layer " + std::to_string(layer);
+  if (k.size() != static_cast<std::size_t>(n) * row || v.size() != k.size())
+    return fail(Errc::invalid_argument, at + ": k has " + std::to_string(k.size()) + " and v " + std::to_string(v.size()) +
+                                            " floats; expected n_tokens * kv_heads * head_dim = " + std::to_string(n) + " * " +
+                                            std::to_string(shape.kv_heads) + " * " + std::to_string(shape.head_dim));
+  if (held + n > shape.max_tokens)
+    return fail(Errc::capacity_exceeded, at + " holds " + std::to_string(held) + " tokens; " + std::to_string(n) +
+                                             " more exceed max_tokens = " + std::to_string(shape.max_tokens) + " per sequence");
+  for (std::size_t t = 0; t < positions.size(); ++t)
+    if (positions[t] < 0)
+      return fail(Errc::invalid_argument, at + ": negative position " + std::to_string(positions[t]) + " at token " +
+                                              std::to_string(t) + " of the chunk");
+  const std::size_t D = static_cast<std::size_t>(shape.head_dim);
+  for (const auto& [x, name] : {std::pair{k, "K"}, std::pair{v, "V"}})
+    for (std::size_t i = 0; i < x.size(); ++i)
+      if (!std::isfinite(x[i]))
+        return fail(Errc::non_finite, std::string("append: non-finite ") + name + " value " + std::to_string(x[i]) + " at layer " +
+                                          std::to_string(layer) + ", kv head " + std::to_string((i % row) / D) + ", token " +
+                                          std::to_string(i / row) + " of the chunk (cache index " +
+                                          std::to_string(held + static_cast<std::int64_t>(i / row)) + "), channel " +
+                                          std::to_string(i % D) + "; nothing was appended");
+  return {};
+}
+
+/// Checks the queries of one sequence (`seq` >= 0 names it in a batch): whole tokens, sizes,
+/// n_q within the latest append (chunk_tokens), finite values.
+[[nodiscard]] inline Status check_queries(const ModelShape& shape, int layer, std::int64_t chunk_tokens,
+                                          std::span<const float> q, std::span<const float> out, std::int64_t seq) {
+  const std::string who = seq >= 0 ? "attend_batch: sequence " + std::to_string(seq) + " of the batch" : "attend";
+  const std::size_t D = static_cast<std::size_t>(shape.head_dim), qrow = static_cast<std::size_t>(shape.q_heads) * D;
+  if (q.empty() || q.size() % qrow != 0 || out.size() != q.size())
+    return fail(Errc::invalid_argument, who + ": q has " + std::to_string(q.size()) + " floats and out " +
+                                            std::to_string(out.size()) + "; both must be n_q * q_heads * head_dim with n_q >= 1");
+  const auto n_q = static_cast<std::int64_t>(q.size() / qrow);
+  if (n_q > chunk_tokens)
+    return fail(Errc::invalid_argument, who + ": layer " + std::to_string(layer) + ": " + std::to_string(n_q) +
+                                            " queries but the latest append held " + std::to_string(chunk_tokens) + " tokens");
+  for (std::size_t i = 0; i < q.size(); ++i)
+    if (!std::isfinite(q[i]))
+      return fail(Errc::non_finite, who + ": non-finite q value " + std::to_string(q[i]) + " at layer " + std::to_string(layer) +
+                                        ", query " + std::to_string(i / qrow) + ", q head " + std::to_string((i % qrow) / D) +
+                                        ", channel " + std::to_string(i % D));
+  return {};
+}
+
+/// Errc::non_finite when an attention output is not finite (a logit overflowed fp32).
+[[nodiscard]] inline Status check_output(const ModelShape& shape, int layer, std::span<const float> out, std::int64_t seq) {
+  for (std::size_t i = 0; i < out.size(); ++i)
+    if (!std::isfinite(out[i]))
+      return fail(Errc::non_finite, std::string(seq >= 0 ? "attend_batch: sequence " + std::to_string(seq) : "attend") +
+                                        ": layer " + std::to_string(layer) + ": attention output " + std::to_string(out[i]) +
+                                        " at q head " + std::to_string(i / static_cast<std::size_t>(shape.head_dim)) +
+                                        " is not finite (a logit q.k * scale overflowed fp32, or K/V too large)");
+  return {};
+}
+
+/// Kernel arguments for the n_q newest queries of a layer holding `total` tokens (as
+/// SequenceStore::args_for).
+[[nodiscard]] inline kernels::AttendArgs args_for(const ModelShape& shape, std::int64_t total, const float* q, float* out,
+                                                  std::int64_t n_q, int group) noexcept {
+  kernels::AttendArgs a;
+  a.head_dim = shape.head_dim;
+  a.group = group;
+  a.n_q = static_cast<int>(n_q);
+  a.q_first = total - n_q;
+  a.scale = shape.attn_scale > 0.f ? shape.attn_scale : 1.f / std::sqrt(static_cast<float>(shape.head_dim));
+  a.q = q;
+  a.q_stride = static_cast<std::int64_t>(shape.q_heads) * shape.head_dim;
+  a.out = out;
+  a.out_stride = a.q_stride;
+  return a;
+}
+
+}  // namespace kvpack::pool_detail

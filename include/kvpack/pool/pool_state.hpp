@@ -1,0 +1,204 @@
+// PoolState: what a PagedCache owns (configuration, page arena, prefix cache, sequence slots) and
+// the operations that span several sequences or layers: opening and closing slots, truncate
+// (checked for every layer before any changes), publishing and attaching prefix pages, stats.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvpack/pool/page_pool.hpp"
+#include "kvpack/pool/paged_sequence.hpp"
+#include "kvpack/pool/pool_types.hpp"
+#include "kvpack/pool/prefix_cache.hpp"
+
+namespace kvpack::pool_detail {
+
+/// A sequence slot: its handle generation, whether live, its layers.
+struct SeqSlot {
+  std::atomic<std::uint32_t> generation{0};
+  std::atomic<bool> is_live{false};
+  std::vector<PagedLayer> layers;
+};
+
+/// Shared state of a PagedCache with codec hook Codec, Sinks<S>, Residual<R>.
+template <class Codec, int S, int R>
+struct PoolState {
+  static constexpr int U = Codec::commit_unit;
+  PoolConfig cfg;
+  BlockLayout layout;
+  std::unique_ptr<PagePool> pool;
+  PrefixCache prefix;
+  std::unique_ptr<SeqSlot[]> slots;
+  std::vector<std::uint32_t> free_slots;  // under mu
+  std::int64_t hist_cap = 0;              // rollback copies per layer (tokens)
+  std::mutex mu;
+
+  PoolState() = default;
+  PoolState(const PoolState&) = delete;
+  PoolState& operator=(const PoolState&) = delete;
+  ~PoolState() {
+    if (!pool) return;
+    for (int i = 0; i < cfg.max_sequences; ++i)
+      if (slots[static_cast<std::size_t>(i)].is_live.load()) close(static_cast<std::uint32_t>(i));
+    prefix.clear(*pool);
+  }
+
+  [[nodiscard]] std::size_t row() const noexcept {
+    return static_cast<std::size_t>(cfg.shape.kv_heads) * static_cast<std::size_t>(cfg.shape.head_dim);
+  }
+  [[nodiscard]] bool live(SeqId id) const noexcept {
+    if (id.index >= static_cast<std::uint32_t>(cfg.max_sequences)) return false;
+    const SeqSlot& s = slots[id.index];
+    return s.is_live.load(std::memory_order_acquire) && s.generation.load(std::memory_order_acquire) == id.generation;
+  }
+
+  /// Takes a free slot and sizes its layers (empty).
+  Result<SeqId> open(const char* what) {
+    std::uint32_t i;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      if (free_slots.empty())
+        return fail(Errc::capacity_exceeded, std::string(what) + ": max_sequences = " + std::to_string(cfg.max_sequences) +
+                                                 " sequences are live; free one first");
+      i = free_slots.back();
+      free_slots.pop_back();
+    }
+    SeqSlot& s = slots[i];
+    s.layers.resize(static_cast<std::size_t>(cfg.shape.layers));
+    for (PagedLayer& L : s.layers) {
+      L.pages.resize(static_cast<std::size_t>(cfg.shape.kv_heads));
+      L.pend.configure(row(), 0);
+      L.hist.configure(row(), 0);
+    }
+    const std::uint32_t gen = s.generation.load(std::memory_order_relaxed) + 1;
+    s.generation.store(gen, std::memory_order_release);
+    s.is_live.store(true, std::memory_order_release);
+    return SeqId{i, gen};
+  }
+
+  /// Releases slot i: its pages lose a reference, its rows are zeroed, its handle goes stale.
+  void close(std::uint32_t i) {
+    SeqSlot& s = slots[i];
+    s.is_live.store(false, std::memory_order_release);
+    s.generation.fetch_add(1, std::memory_order_acq_rel);
+    for (PagedLayer& L : s.layers) {
+      for (const auto& table : L.pages)
+        for (const std::uint32_t p : table) pool->release(p);
+      L.wipe();
+    }
+    std::lock_guard<std::mutex> g(mu);
+    free_slots.push_back(i);
+  }
+
+  Status truncate(SeqSlot& s, std::int64_t n) {
+    std::size_t need = 0;
+    for (std::size_t l = 0; l < s.layers.size(); ++l) {
+      const PagedLayer& L = s.layers[l];
+      const std::string at = "truncate: layer " + std::to_string(l);
+      if (n < 0 || n > L.total)
+        return fail(Errc::invalid_argument, at + " holds " + std::to_string(L.total) + " tokens; cannot truncate to " +
+                                                std::to_string(n) + " (past the start or the end)");
+      if (L.total - n > cfg.max_rollback_tokens)
+        return fail(Errc::unsupported, at + ": dropping " + std::to_string(L.total - n) + " tokens exceeds max_rollback_tokens = " +
+                                           std::to_string(cfg.max_rollback_tokens));
+      if (!can_truncate(L, n, S, R, U))
+        return fail(Errc::unsupported, at + ": the rollback copies do not reach back to token " + std::to_string(n) +
+                                           " (tokens attached from the prefix cache cannot be rolled back)");
+      need += pages_for_truncate(L, *pool, n, S, R, U, layout.tokens);
+    }
+    std::vector<std::uint32_t> spare;
+    if (Status t = pool->take(need, spare, "truncate"); !t) return t;
+    for (PagedLayer& L : s.layers) pool_detail::truncate(L, *pool, layout, row(), n, S, R, U, spare);
+    return {};
+  }
+
+  // Full blocks committed in every layer.
+  [[nodiscard]] static std::int64_t full_blocks(const SeqSlot& s, int B) noexcept {
+    std::int64_t m = std::numeric_limits<std::int64_t>::max();
+    for (const PagedLayer& L : s.layers) m = std::min(m, L.committed / B);
+    return m;
+  }
+
+  std::int64_t publish(SeqSlot& s, std::string_view model_id, std::span<const std::int32_t> tokens) {
+    const int B = layout.tokens;
+    const std::int64_t m = std::min(full_blocks(s, B), static_cast<std::int64_t>(tokens.size()) / B);
+    std::uint64_t key = PrefixCache::root(model_id, Codec::format_id(), B, cfg.shape.head_dim, cfg.shape.layers, cfg.shape.kv_heads);
+    std::int64_t added = 0;
+    std::vector<std::uint32_t> pages;
+    for (std::int64_t k = 0; k < m; ++k) {
+      const auto blk = tokens.subspan(static_cast<std::size_t>(k * B), static_cast<std::size_t>(B));
+      const std::uint64_t next = PrefixCache::next(key, blk);
+      pages.clear();
+      for (const PagedLayer& L : s.layers)
+        for (const auto& table : L.pages) pages.push_back(table[static_cast<std::size_t>(k)]);
+      added += prefix.publish(*pool, next, key, blk, pages);
+      key = next;
+    }
+    return added;
+  }
+
+  Result<std::int64_t> attach(SeqSlot& s, std::string_view model_id, std::span<const std::int32_t> prompt) {
+    for (const PagedLayer& L : s.layers)
+      if (L.total != 0) return fail(Errc::invalid_argument, "attach_prefix: the sequence is not empty");
+    const int B = layout.tokens;
+    const std::int64_t m_max = commit_count(static_cast<std::int64_t>(prompt.size()), R, U) / B;
+    std::uint64_t key = PrefixCache::root(model_id, Codec::format_id(), B, cfg.shape.head_dim, cfg.shape.layers, cfg.shape.kv_heads);
+    std::vector<std::uint32_t> pages;  // [block][layer][kv_head]
+    std::int64_t m = 0;
+    for (; m < m_max; ++m) {
+      const auto blk = prompt.subspan(static_cast<std::size_t>(m * B), static_cast<std::size_t>(B));
+      const std::uint64_t next = PrefixCache::next(key, blk);
+      if (!prefix.find(*pool, next, key, blk, pages)) break;
+      key = next;
+    }
+    const std::size_t per_block = s.layers.size() * static_cast<std::size_t>(cfg.shape.kv_heads);
+    for (std::int64_t k = 0; k < m; ++k)
+      for (std::size_t l = 0; l < s.layers.size(); ++l)
+        for (int h = 0; h < cfg.shape.kv_heads; ++h)
+          s.layers[l].pages[static_cast<std::size_t>(h)].push_back(
+              pages[static_cast<std::size_t>(k) * per_block + l * static_cast<std::size_t>(cfg.shape.kv_heads) + static_cast<std::size_t>(h)]);
+    for (PagedLayer& L : s.layers) L.total = L.committed = m * B;
+    return m * B;
+  }
+
+  [[nodiscard]] PoolStats stats() const {
+    PoolStats st;
+    st.page_bytes = pool->stride();
+    st.pages_total = pool->pages();
+    st.pages_free = pool->free_pages();
+    st.pages_used = st.pages_total - st.pages_free;
+    st.pages_shared = pool->shared_pages();
+    st.prefix_pages = prefix.page_refs();
+    st.prefix_entries = prefix.entries();
+    st.budget_bytes = cfg.byte_budget;
+    st.bytes_used = st.pages_used * st.page_bytes;
+    st.bytes_free = st.pages_free * st.page_bytes;
+    st.overhead_bytes = st.pages_total * PagePool::overhead_per_page;
+    for (int i = 0; i < cfg.max_sequences; ++i) {
+      const SeqSlot& s = slots[static_cast<std::size_t>(i)];
+      if (!s.is_live.load(std::memory_order_acquire)) continue;
+      SequenceStats q;
+      q.id = {static_cast<std::uint32_t>(i), s.generation.load(std::memory_order_acquire)};
+      q.tokens = s.layers.empty() ? 0 : s.layers[0].total;
+      for (const PagedLayer& L : s.layers) {
+        for (const auto& t : L.pages) q.pages += t.size();
+        q.exact_bytes += L.exact_bytes(row());
+      }
+      st.bytes_if_unshared += q.pages * st.page_bytes;
+      st.exact_bytes += q.exact_bytes;
+      st.sequences.push_back(q);
+    }
+    return st;
+  }
+};
+
+}  // namespace kvpack::pool_detail
