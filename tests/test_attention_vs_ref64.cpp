@@ -20,7 +20,8 @@ using Caches = ::testing::Types<
     KVCache<Keys<Fp8E4M3<>>, Values<Fp8E4M3<>>>, KVCache<Keys<Fp8E5M2<MetaF32>>, Values<Fp8E5M2<>>>,
     KVCache<Keys<Int4<>, PerChannel>, Values<Int4<>>, Residual<16>>,
     KVCache<Keys<Int8<Group<32>>, PerChannel>, Values<Int4<>>, Sinks<4>, Residual<8>, Blocks<32>>,
-    KVCache<Keys<Int8<>>, Values<Int4<>>, Sinks<3>, Residual<5>, Blocks<16>>>;
+    KVCache<Keys<Int8<>>, Values<Int4<>>, Sinks<3>, Residual<5>, Blocks<16>>,
+    KVCache<Keys<Int2<>, PerChannel>, Values<Int2<>>, Residual<16>>, KVCache<Keys<Int3<>>, Values<Int3<Group<64>>>>>;
 TYPED_TEST_SUITE(AttentionVsRef64, Caches);
 
 // Prefill in odd chunks, then decode steps; every attend is checked.

@@ -1,7 +1,7 @@
 // The SIMD code paths of this build (kernels/avx2/codes.hpp or kernels/neon/codes.hpp) against
 // the scalar reference (kvpack/codec/rows.hpp and the codecs' value functions), bit for bit:
-//  * the unpacker/dequantizer on all 256 byte values of every 8-bit-or-less codec (INT8 and
-//    INT4, symmetric and asymmetric; FP8 E4M3FN and E5M2 including their NaN/Inf codes), on all
+//  * the unpacker/dequantizer on all 256 byte values of every 8-bit-or-less codec (INT8, INT4,
+//    INT3 and INT2, symmetric and asymmetric; FP8 E4M3FN and E5M2 including their NaN/Inf codes), on all
 //    65536 fp16 codes, with fp16 and fp32 metadata, per-token rows and per-channel groups;
 //  * the quantizer (CASES C4): 4096 values of the form (k + 0.5) * scale + zero, ties broken to
 //    even, clamped at both ends, and random rows (outliers, constant groups) through encode_row:
@@ -37,16 +37,18 @@ namespace sc = kvtest::simd_codes;
 template <class C>
 class AllBytes : public ::testing::Test {};
 using ByteCodecs = ::testing::Types<Int8<Symmetric>, Int8<Asymmetric>, Int8<Asymmetric, MetaF32>, Int4<Symmetric>,
-                                    Int4<Asymmetric>, Int4<Symmetric, MetaF32, Group<8>>, Fp8E4M3<>,
+                                    Int4<Asymmetric>, Int4<Symmetric, MetaF32, Group<8>>, Int3<Symmetric>,
+                                    Int3<Asymmetric, MetaF32>, Int2<Asymmetric>, Int2<Symmetric, MetaF32, Group<8>>, Fp8E4M3<>,
                                     Fp8E4M3<MetaF32, Group<64>>, Fp8E5M2<>, Fp8E5M2<MetaF32>>;
 TYPED_TEST_SUITE(AllBytes, ByteCodecs);
 
-// Every byte value 0x00..0xFF as codes (INT4: 512 nibbles), under several group parameters,
+// Every byte value 0x00..0xFF as codes (INT4: 512 nibbles; INT3: the first 240 bytes as 640
+// codes; INT2: 1024 codes), under several group parameters,
 // through decode_codes, decode_row (metadata as stored) and the per-channel decoder.
 TYPED_TEST(AllBytes, UnpackerAgreesWithScalarOnEveryByte) {
   KVTEST_REQUIRE_BACKEND(Simd);
   using C = TypeParam;
-  const std::size_t n = C::bits == 4 ? 512 : 256;
+  const std::size_t n = 2048 / C::bits / 64 * 64;  // whole groups of up to 64 codes in 256 bytes
   std::vector<std::byte> bytes(256);
   for (int i = 0; i < 256; ++i) bytes[static_cast<std::size_t>(i)] = static_cast<std::byte>(i);
   const GroupParams params[] = {{1.f, 0.f}, {0.75f, -2.5f}, {0.0999755859375f, 3.25f}, {1024.f, -65504.f},
@@ -125,6 +127,9 @@ TEST(PerChannel, RandomGroupsMatchScalar) {
     per_channel_random<Int8<Symmetric, MetaF32>>(n, 4);
     per_channel_random<Fp8E4M3<>>(n, 5);
     per_channel_random<Fp8E5M2<MetaF32, Group<8>>>(n, 6);
+    per_channel_random<Int3<>>(n, 7);
+    per_channel_random<Int2<Symmetric, MetaF32, Group<16>>>(n, 8);
+    per_channel_random<Int2<>>(n, 9);
   }
 }
 
@@ -132,7 +137,8 @@ template <class C>
 class Quantizer : public ::testing::Test {};
 using IntCodecs = ::testing::Types<Int4<Symmetric>, Int4<Asymmetric>, Int8<Symmetric>, Int8<Asymmetric>,
                                    Int4<Symmetric, MetaF32, Group<8>>, Int8<Asymmetric, MetaF32, Group<128>>,
-                                   Int4<Asymmetric, Group<256>>>;
+                                   Int4<Asymmetric, Group<256>>, Int3<Asymmetric>, Int3<Symmetric, Group<8>>,
+                                   Int2<Asymmetric>, Int2<Symmetric, MetaF32, Group<64>>>;
 TYPED_TEST_SUITE(Quantizer, IntCodecs);
 
 // CASES C4: 4096 values (k + 0.5) * scale + zero, k from qmin - 2 to qmax + 1: exact ties inside

@@ -1,7 +1,7 @@
 // The SIMD attention kernel of this build (AVX2 or NEON, tests/support/backends.hpp) runs the
 // scalar kernel's cases and must agree with it, and with a float64 reference over the same
 // dequantized K/V, to 1e-5 relative:
-//  * every codec family as K and V (Fp32, Fp16, INT8 sym/asym, INT4 sym/asym, FP8 E4M3/E5M2;
+//  * every codec family as K and V (Fp32, Fp16, INT8 sym/asym, INT4 sym/asym, INT3, INT2, FP8 E4M3/E5M2;
 //    fp16 and fp32 metadata; groups 8..128), per-token and per-channel keys, mixed K/V codecs;
 //  * head_dim 64, 96, 128, 256 (64/128/256 are compiled specialisations, 96 the generic path)
 //    and odd ones (34, 40, 36) through the generic path's tails;
@@ -136,7 +136,9 @@ using Configs = ::testing::Types<
     KernelConfig<Fp8E4M3<>, Fp8E4M3<>, false, 64>, KernelConfig<Fp8E5M2<MetaF32>, Fp8E5M2<Group<128>>, false, 64>,
     KernelConfig<Int4<>, Int4<>, true, 64>, KernelConfig<Int8<Group<16>, Asymmetric>, Int4<Group<16>>, true, 32>,
     KernelConfig<Fp8E4M3<Group<64>>, Fp16, true, 64>, KernelConfig<Int4<Symmetric, Group<8>>, Int8<>, true, 16>,
-    KernelConfig<Int8<>, Int4<>, false, 16>, KernelConfig<Fp8E4M3<>, Int4<Asymmetric>, false, 128>>;
+    KernelConfig<Int8<>, Int4<>, false, 16>, KernelConfig<Fp8E4M3<>, Int4<Asymmetric>, false, 128>,
+    KernelConfig<Int2<>, Int2<>, true, 64>, KernelConfig<Int3<>, Int3<>, false, 64>,
+    KernelConfig<Int3<Symmetric, Group<16>>, Int2<Group<8>, MetaF32>, false, 16>, KernelConfig<Int3<>, Int2<>, true, 32>>;
 TYPED_TEST_SUITE(BackendKernels, Configs);
 
 /// Segment splits of n tokens: all in quantized blocks, or spread over every segment.

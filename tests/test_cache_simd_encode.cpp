@@ -24,7 +24,8 @@ struct SimdEncPair {
 
 using SimdEncTypes = ::testing::Types<SimdEncPair<Int8<Group<32>>, Int8<Group<32>>>, SimdEncPair<Int4<Group<32>>, Int4<Group<32>>>,
                                       SimdEncPair<Int8<Group<32>>, Int4<Group<32>>>, SimdEncPair<Int4<Group<64>>, Int4<Group<64>>>,
-                                      SimdEncPair<Int8<Group<32>, Asymmetric>, Int4<Group<32>, Symmetric>>, SimdEncPair<Fp8E4M3<Group<32>>, Fp16>>;
+                                      SimdEncPair<Int8<Group<32>, Asymmetric>, Int4<Group<32>, Symmetric>>, SimdEncPair<Fp8E4M3<Group<32>>, Fp16>,
+                                      SimdEncPair<Int3<Group<32>>, Int2<Group<32>>>, SimdEncPair<Int2<Group<32>, Symmetric>, Int3<Group<64>>>>;
 
 template <class T>
 class CacheSimdEncode : public ::testing::Test {};

@@ -1,4 +1,5 @@
-// Round-trip bounds of every grouped codec (issue 2, "Must show"): INT8/INT4 x symmetric/asymmetric
+// Round-trip bounds of every grouped codec (issue 2, "Must show"): INT8/INT4 (and INT3/INT2, issue
+// 20) x symmetric/asymmetric
 // x fp16/fp32 metadata x group 32/64/128, and FP8 E4M3/E5M2 x metadata x group, on N(0,1) and
 // Student-t (3 degrees of freedom) data, head_dim 64, 96, 128, 256 and 1, 31, 33, 95, 1000 tokens.
 //
@@ -26,6 +27,7 @@
 
 #include "kvpack/codec/fp8_codec.hpp"
 #include "kvpack/codec/int_codec.hpp"
+#include "kvpack/codec/int_lowbit.hpp"
 #include "kvpack/codec/rows.hpp"
 #include "support/codec_bounds.hpp"
 
@@ -139,7 +141,9 @@ using IntCodecs = ::testing::Types<
     Int4<Symmetric, MetaF16, Group<32>>, Int4<Symmetric, MetaF16, Group<64>>, Int4<Symmetric, MetaF16, Group<128>>,
     Int4<Symmetric, MetaF32, Group<32>>, Int4<Symmetric, MetaF32, Group<64>>, Int4<Symmetric, MetaF32, Group<128>>,
     Int4<Asymmetric, MetaF16, Group<32>>, Int4<Asymmetric, MetaF16, Group<64>>, Int4<Asymmetric, MetaF16, Group<128>>,
-    Int4<Asymmetric, MetaF32, Group<32>>, Int4<Asymmetric, MetaF32, Group<64>>, Int4<Asymmetric, MetaF32, Group<128>>>;
+    Int4<Asymmetric, MetaF32, Group<32>>, Int4<Asymmetric, MetaF32, Group<64>>, Int4<Asymmetric, MetaF32, Group<128>>,
+    Int3<Asymmetric, MetaF16, Group<32>>, Int3<Asymmetric, MetaF32, Group<64>>, Int3<Symmetric, MetaF16, Group<128>>,
+    Int2<Asymmetric, MetaF16, Group<32>>, Int2<Asymmetric, MetaF16, Group<128>>, Int2<Symmetric, MetaF32, Group<64>>>;
 TYPED_TEST_SUITE(IntRoundTrip, IntCodecs, CodecNames);
 
 template <class C>

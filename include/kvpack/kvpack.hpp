@@ -6,3 +6,4 @@
 #include "kvpack/numeric.hpp"
 #include "kvpack/policy.hpp"
 #include "kvpack/result.hpp"
+#include "kvpack/rotation/rotated_cache.hpp"

@@ -8,6 +8,7 @@
 #include "kvpack/codec/float_codec.hpp"
 #include "kvpack/codec/fp8_codec.hpp"
 #include "kvpack/codec/int_codec.hpp"
+#include "kvpack/codec/int_lowbit.hpp"
 #include "kvpack/codec/keyframe.hpp"
 
 namespace kvpack {
@@ -38,7 +39,7 @@ struct Keys {
                 "kvpack::Keys<Codec, Axis>: Axis must be kvpack::PerToken or kvpack::PerChannel");
   static_assert(!std::is_same_v<Axis, PerChannel> || Codec::grouped,
                 "kvpack::Keys<Codec, PerChannel>: per-channel keys need a grouped codec "
-                "(Int8, Int4, Fp8E4M3, Fp8E5M2); Fp32/Fp16 have no groups");
+                "(Int8, Int4, Int3, Int2, Fp8E4M3, Fp8E5M2); Fp32/Fp16 have no groups");
   using kvpack_role = role::keys;
   using codec = Codec;
   static constexpr bool per_channel = std::is_same_v<Axis, PerChannel>;

@@ -6,8 +6,8 @@
 //    fp16; an E4M3FN code c is fp16 bits ((c & 0x7F) << 7 | sign) times 2^8, with 0x7F/0xFF NaN;
 //  * encode (integer codecs): q = clamp(rne((x - zero) / scale)), a true division, clamp before
 //    the conversion, round half to even by _mm256_round_ps; packed as the scalar store_code does
-//    (INT4: element 2i in the low nibble of byte i, symmetric q + 8; INT8 two's complement or
-//    unsigned). Metadata are derived by the codec's own (scalar) derive, so codes and metadata
+//    (INT4: element 2i in the low nibble of byte i, symmetric q + 8; INT3/INT2: the LSB-first bit
+//    stream of codec/int_lowbit.hpp, 8 codes in 3 / 2 bytes; INT8 two's complement or unsigned). Metadata are derived by the codec's own (scalar) derive, so codes and metadata
 //    bytes equal encode_row's.
 // Only compiled when KVPACK_HAS_AVX2 (config.hpp).
 #pragma once
@@ -82,6 +82,19 @@ template <class Format>
   }
 }
 
+/// 8 INT3 / INT2 stored codes (the LSB-first bit stream: element j at bits Bits*j of the
+/// little-endian word of the Bits bytes at p) as int32 lanes; reads exactly Bits bytes.
+template <int Bits>
+[[nodiscard]] inline __m256i packed8(const std::byte* p) noexcept {
+  static_assert(Bits == 2 || Bits == 3, "packed8: INT2 or INT3 codes");
+  std::uint32_t w = 0;
+  std::memcpy(&w, p, Bits);  // little-endian: byte k at bits 8k
+  const __m256i shifts = Bits == 3 ? _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21)
+                                   : _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), shifts),
+                          _mm256_set1_epi32((1 << Bits) - 1));
+}
+
 }  // namespace detail
 
 /// Decodes elements [e, e + 8) of a row of codec C's codes with the group parameters s (scale)
@@ -94,8 +107,9 @@ template <KvCodec C>
       const __m128i b = detail::load64(row + e);
       q = C::asymmetric ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
     } else {
-      q = detail::nibbles8(row + e / 2);
-      if constexpr (!C::asymmetric) q = _mm256_sub_epi32(q, _mm256_set1_epi32(8));
+      if constexpr (C::bits == 4) q = detail::nibbles8(row + e / 2);
+      else q = detail::packed8<C::bits>(row + e * C::bits / 8);
+      if constexpr (!C::asymmetric) q = _mm256_add_epi32(q, _mm256_set1_epi32(C::qmin));  // u + qmin
     }
     const __m256 f = _mm256_mul_ps(s, _mm256_cvtepi32_ps(q));
     if constexpr (C::asymmetric) return _mm256_add_ps(z, f);
@@ -196,7 +210,8 @@ inline void decode_codes(const std::byte* codes, std::size_t n, GroupParams p, f
 
 /// Encodes n values under one GroupParams p into packed codes, bit-identical to
 /// C::store_code(codes, i, C::encode_value(x[i], p)) for every i. Integer codecs only.
-/// For INT4, n is even and whole bytes are written.
+/// For INT4, n is even and whole bytes are written; INT3/INT2 write 3 / 2 bytes per 8 values and
+/// the tail (n % 8 values) through store_code.
 template <simd::IntCodecFamily C>
 inline void encode_codes(const float* x, std::size_t n, GroupParams p, std::byte* codes) noexcept {
   const __m256 s = _mm256_set1_ps(p.scale), z = _mm256_set1_ps(p.zero);
@@ -209,13 +224,24 @@ inline void encode_codes(const float* x, std::size_t n, GroupParams p, std::byte
     t = _mm256_min_ps(_mm256_max_ps(t, lo), hi);  // clamp first (std::clamp order), never wraps
     t = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256i q = _mm256_cvttps_epi32(t);
-    if constexpr (C::bits == 4) q = _mm256_sub_epi32(q, _mm256_set1_epi32(C::qmin));  // stored: q - qmin
-    const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
-    if constexpr (C::bits == 8) {
+    if constexpr (C::sub_byte) q = _mm256_sub_epi32(q, _mm256_set1_epi32(C::qmin));  // stored: q - qmin
+    if constexpr (C::bits == 2 || C::bits == 3) {
+      // u_j << (Bits * j), then the OR of the 8 lanes (disjoint fields: a sum) into one word.
+      const __m256i shifts = C::bits == 3 ? _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21)
+                                          : _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+      const __m256i f = _mm256_sllv_epi32(q, shifts);
+      __m128i h = _mm_or_si128(_mm256_castsi256_si128(f), _mm256_extracti128_si256(f, 1));
+      h = _mm_or_si128(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
+      h = _mm_or_si128(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(2, 3, 0, 1)));
+      const auto w = static_cast<std::uint32_t>(_mm_cvtsi128_si32(h));
+      std::memcpy(codes + i * C::bits / 8, &w, C::bits);  // little-endian: the low Bits bytes
+    } else if constexpr (C::bits == 8) {
+      const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
       const __m128i b = C::asymmetric ? _mm_packus_epi16(w16, w16) : _mm_packs_epi16(w16, w16);
       _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), b);
     } else {
       // 16-bit lanes u0..u7 -> bytes u0 | u1 << 4, u2 | u3 << 4, ...
+      const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
       const __m128i pair = _mm_or_si128(w16, _mm_srli_epi32(w16, 12));
       const __m128i b32 = _mm_and_si128(pair, _mm_set1_epi32(0xFF));
       const __m128i b = _mm_packus_epi16(_mm_packs_epi32(b32, b32), _mm_setzero_si128());

@@ -123,12 +123,14 @@ inline constexpr bool kIntegerDotEnabled = false;
 
 /// Key codecs scored by integer dot products: per-token INT8/INT4 with groups of 32k channels
 /// (asymmetric INT8, codes up to 255, only with VNNI: vpmaddubsw pair sums would saturate).
+/// INT3/INT2 keys are dequantized into the fp32 tile instead (kernels/avx2/codes.hpp decode8).
 template <class C>
 inline constexpr bool int_dot_key = [] {
   if constexpr (!kIntegerDotEnabled)
     return false;
   else if constexpr (simd::IntCodecFamily<C>)
-    return C::group_size % 32 == 0 && (C::bits == 4 || !C::asymmetric || int_dot_detail::kVnni);
+    return C::group_size % 32 == 0 &&
+           (C::bits == 4 || (C::bits == 8 && (!C::asymmetric || int_dot_detail::kVnni)));
   else
     return false;
 }();

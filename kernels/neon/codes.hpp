@@ -65,6 +65,29 @@ namespace detail {
   const uint8x8_t hi = vshr_n_u8(b, 4);
   return vmovl_u8(vzip1_u8(lo, hi));
 }
+/// Shift counts of the 8 fields of an INT3 / INT2 word (element j at bits Bits * j), as two
+/// int32x4 halves (elements 0-3, 4-7).
+template <int Bits>
+[[nodiscard]] inline int32x4x2_t packed_shifts() noexcept {
+  const std::int32_t s[8] = {0, Bits, 2 * Bits, 3 * Bits, 4 * Bits, 5 * Bits, 6 * Bits, 7 * Bits};
+  return {{vld1q_s32(s), vld1q_s32(s + 4)}};
+}
+/// 8 INT3 / INT2 stored codes (the LSB-first bit stream: element j at bits Bits*j of the
+/// little-endian word of the Bits bytes at p) plus `offset`, as floats; reads exactly Bits bytes.
+template <int Bits>
+[[nodiscard]] inline F8 packed8(const std::byte* p, int offset) noexcept {
+  static_assert(Bits == 2 || Bits == 3, "packed8: INT2 or INT3 codes");
+  std::uint32_t w = 0;
+  std::memcpy(&w, p, Bits);  // little-endian: byte k at bits 8k
+  const int32x4x2_t sh = packed_shifts<Bits>();
+  const uint32x4_t word = vdupq_n_u32(w), mask = vdupq_n_u32((1u << Bits) - 1u);
+  const int32x4_t off = vdupq_n_s32(offset);
+  // vshlq_u32 by a negative count shifts right.
+  const uint32x4_t lo = vandq_u32(vshlq_u32(word, vnegq_s32(sh.val[0])), mask);
+  const uint32x4_t hi = vandq_u32(vshlq_u32(word, vnegq_s32(sh.val[1])), mask);
+  return {vcvtq_f32_s32(vaddq_s32(vreinterpretq_s32_u32(lo), off)),
+          vcvtq_f32_s32(vaddq_s32(vreinterpretq_s32_u32(hi), off))};
+}
 template <class Format>
 [[nodiscard]] inline F8 fp8x8(uint8x8_t b) noexcept {
   if constexpr (std::is_same_v<Format, E5M2>) {
@@ -95,9 +118,11 @@ template <KvCodec C>
     if constexpr (C::bits == 8) {
       const uint8x8_t b = detail::load_u8x8(row + e);
       q = C::asymmetric ? detail::from_u16(vmovl_u8(b)) : detail::from_s16(vmovl_s8(vreinterpret_s8_u8(b)));
-    } else {
+    } else if constexpr (C::bits == 4) {
       const uint16x8_t u = detail::nibbles8(row + e / 2);
       q = C::asymmetric ? detail::from_u16(u) : detail::from_s16(vsubq_s16(vreinterpretq_s16_u16(u), vdupq_n_s16(8)));
+    } else {
+      q = detail::packed8<C::bits>(row + e * C::bits / 8, C::qmin);  // u + qmin
     }
     const F8 f{vmulq_f32(s.lo, q.lo), vmulq_f32(s.hi, q.hi)};
     if constexpr (C::asymmetric) return {vaddq_f32(z.lo, f.lo), vaddq_f32(z.hi, f.hi)};
@@ -206,7 +231,8 @@ inline void decode_codes(const std::byte* codes, std::size_t n, GroupParams p, f
 }
 
 /// Encodes n values under one GroupParams p, bit-identical to the scalar store_code(encode_value).
-/// Integer codecs only; for INT4, n is even and whole bytes are written.
+/// Integer codecs only; for INT4, n is even and whole bytes are written; INT3/INT2 write 3 / 2
+/// bytes per 8 values and the tail (n % 8 values) through store_code.
 template <simd::IntCodecFamily C>
 inline void encode_codes(const float* x, std::size_t n, GroupParams p, std::byte* codes) noexcept {
   const float32x4_t s = vdupq_n_f32(p.scale), z = vdupq_n_f32(p.zero);
@@ -216,21 +242,32 @@ inline void encode_codes(const float* x, std::size_t n, GroupParams p, std::byte
     t = vdivq_f32(t, s);
     t = vminq_f32(vmaxq_f32(t, lo), hi);  // clamp first (std::clamp order), never wraps
     int32x4_t q = vcvtq_s32_f32(vrndnq_f32(t));
-    if constexpr (C::bits == 4) q = vsubq_s32(q, vdupq_n_s32(C::qmin));  // stored: q - qmin
+    if constexpr (C::sub_byte) q = vsubq_s32(q, vdupq_n_s32(C::qmin));  // stored: q - qmin
     return q;
   };
   const std::size_t body = n - n % 8;
-  for (std::size_t i = 0; i < body; i += 8) {
-    const int16x8_t w = vcombine_s16(vmovn_s32(level(vld1q_f32(x + i))), vmovn_s32(level(vld1q_f32(x + i + 4))));
-    if constexpr (C::bits == 8) {
-      const uint8x8_t b = C::asymmetric ? vmovn_u16(vreinterpretq_u16_s16(w)) : vreinterpret_u8_s8(vmovn_s16(w));
-      const std::uint64_t v = vget_lane_u64(vreinterpret_u64_u8(b), 0);
-      std::memcpy(codes + i, &v, sizeof v);
-    } else {
-      const uint8x8_t u = vmovn_u16(vreinterpretq_u16_s16(w));
-      const uint8x8_t b = vorr_u8(vuzp1_u8(u, u), vshl_n_u8(vuzp2_u8(u, u), 4));
-      const std::uint32_t v = vget_lane_u32(vreinterpret_u32_u8(b), 0);
-      std::memcpy(codes + i / 2, &v, sizeof v);
+  if constexpr (C::bits == 2 || C::bits == 3) {
+    const int32x4x2_t sh = detail::packed_shifts<C::bits>();
+    for (std::size_t i = 0; i < body; i += 8) {
+      // u_j << (Bits * j); the fields are disjoint, so the lane sum is their OR.
+      const uint32x4_t a = vreinterpretq_u32_s32(vshlq_s32(level(vld1q_f32(x + i)), sh.val[0]));
+      const uint32x4_t b = vreinterpretq_u32_s32(vshlq_s32(level(vld1q_f32(x + i + 4)), sh.val[1]));
+      const std::uint32_t w = vaddvq_u32(vorrq_u32(a, b));
+      std::memcpy(codes + i * C::bits / 8, &w, C::bits);  // little-endian: the low Bits bytes
+    }
+  } else {
+    for (std::size_t i = 0; i < body; i += 8) {
+      const int16x8_t w = vcombine_s16(vmovn_s32(level(vld1q_f32(x + i))), vmovn_s32(level(vld1q_f32(x + i + 4))));
+      if constexpr (C::bits == 8) {
+        const uint8x8_t b = C::asymmetric ? vmovn_u16(vreinterpretq_u16_s16(w)) : vreinterpret_u8_s8(vmovn_s16(w));
+        const std::uint64_t v = vget_lane_u64(vreinterpret_u64_u8(b), 0);
+        std::memcpy(codes + i, &v, sizeof v);
+      } else {
+        const uint8x8_t u = vmovn_u16(vreinterpretq_u16_s16(w));
+        const uint8x8_t b = vorr_u8(vuzp1_u8(u, u), vshl_n_u8(vuzp2_u8(u, u), 4));
+        const std::uint32_t v = vget_lane_u32(vreinterpret_u32_u8(b), 0);
+        std::memcpy(codes + i / 2, &v, sizeof v);
+      }
     }
   }
   for (std::size_t k = 0; k < n % 8; ++k) C::store_code(codes, body + k, C::encode_value(x[body + k], p));

@@ -8,6 +8,7 @@
 //    lies in the format's normal range, else |x̂ - x| <= step * min_subnormal / 2 (+ slack).
 #pragma once
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstddef>
@@ -80,6 +81,19 @@ template <class C>
 /// amax < 4 FLT_EPSILON amax (FLT_EPSILON = 2^-23). A bug that picks the wrong level costs a
 /// whole step (>= 2^-8 amax for INT8), far above this slack.
 [[nodiscard]] inline double int_tolerance(double step, double amax) { return step / 2 + 4.0 * FLT_EPSILON * amax; }
+
+/// Upper bound of integer codec C's reconstruction error for any value of a group whose values
+/// span [lo, hi], derived from the data alone (no stored metadata): half a step, the step bounded
+/// with the metadata rounding (zero-point down by <= 2^-10 |lo|, scale up by <= 2^-10 relative
+/// for fp16, 2^-23 for fp32; margins 2x), plus int_tolerance's fp32 slack.
+template <class C>
+[[nodiscard]] double int_error_bound(double lo, double hi) {
+  const double amax = std::max(std::fabs(lo), std::fabs(hi));
+  const double rel = std::is_same_v<typename C::meta_type, MetaF16> ? 0x1p-9 : 0x1p-22;
+  const double span = C::asymmetric ? (hi - lo) + rel * amax : amax;
+  const double step = span / (C::qmax > 0 ? C::qmax : 1) * (1 + rel) + 1e-7 * amax;
+  return int_tolerance(step, amax);
+}
 
 /// Outcome of checking many groups: failure count and the first few messages.
 struct Report {

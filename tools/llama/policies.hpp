@@ -66,6 +66,38 @@ using Registry = PolicyList<
     Policy<"kf64-chained", KVCache<Keys<Keyframe<64, Int4<Group<32>>, Fp16, Chained>>, Values<Keyframe<64, Int4<Group<32>>, Fp16, Chained>>>, false>,
     // Control for kf64-*: KIVI keys without kivi4's 128-token fp32 residual (incomplete key group in fp32).
     Policy<"kivi4-r0", KVCache<Keys<Int4<Group<32>>, PerChannel>, Values<Int4<Group<32>>>>, false>,
+    // Below 4 bits (issue 20; codec/int_lowbit.hpp; not default). Codec bits per value in brackets
+    // (K and V averaged, metadata included; stored positions and fp32 residual/partial key groups
+    // come on top and are counted by the eval): KIVI-2/3 as the paper (fp32 residual of 128
+    // tokens), the same without residual (-r0), per-token INT3/INT2, mixed K/V widths, and
+    // larger groups (-g64; -g128-64: keys grouped over 128 tokens, values over 64 channels, as a
+    // value group cannot exceed head_dim 64 of SmolLM2) for the 3.5- and 2.5-bit targets.
+    Policy<"kivi2", KVCache<Keys<Int2<Group<32>>, PerChannel>, Values<Int2<Group<32>>>, Residual<128>>, false>,   // [3.0]
+    Policy<"kivi3", KVCache<Keys<Int3<Group<32>>, PerChannel>, Values<Int3<Group<32>>>, Residual<128>>, false>,   // [4.0]
+    Policy<"kivi2-r0", KVCache<Keys<Int2<Group<32>>, PerChannel>, Values<Int2<Group<32>>>>, false>,                // [3.0]
+    Policy<"kivi3-r0", KVCache<Keys<Int3<Group<32>>, PerChannel>, Values<Int3<Group<32>>>>, false>,                // [4.0]
+    Policy<"int3-g32", KVCache<Keys<Int3<Group<32>>>, Values<Int3<Group<32>>>>, false>,                            // [4.0]
+    Policy<"int3-g64", KVCache<Keys<Int3<Group<64>>>, Values<Int3<Group<64>>>>, false>,                            // [3.5]
+    Policy<"int2-g32", KVCache<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>>, false>,                            // [3.0]
+    Policy<"k4v2", KVCache<Keys<Int4<Group<32>>>, Values<Int2<Group<32>>>>, false>,                                // [4.0]
+    Policy<"k4v3", KVCache<Keys<Int4<Group<32>>>, Values<Int3<Group<32>>>>, false>,                                // [4.5]
+    Policy<"kc4v2-r0", KVCache<Keys<Int4<Group<32>>, PerChannel>, Values<Int2<Group<32>>>>, false>,                // [4.0]
+    Policy<"kc3v3-g64", KVCache<Keys<Int3<Group<64>>, PerChannel>, Values<Int3<Group<64>>>>, false>,              // [3.5]
+    Policy<"kc3v2-g64", KVCache<Keys<Int3<Group<64>>, PerChannel>, Values<Int2<Group<64>>>>, false>,              // [3.0]
+    Policy<"kc3v3-g128-64", KVCache<Keys<Int3<Group<128>>, PerChannel>, Values<Int3<Group<64>>>>, false>,         // [3.375]
+    Policy<"kc2v2-g128-64", KVCache<Keys<Int2<Group<128>>, PerChannel>, Values<Int2<Group<64>>>>, false>,         // [2.375]
+    Policy<"kc3v2-g128-64", KVCache<Keys<Int3<Group<128>>, PerChannel>, Values<Int2<Group<64>>>>, false>,         // [2.875]
+    // The same with keys and values in a Hadamard-rotated basis (rotation/rotated_cache.hpp; +rot:
+    // plain block Hadamard, +srot: with fixed ±1 channel signs), same bits.
+    Policy<"int4-g32+rot", Rotated<KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>>>, false>,
+    Policy<"int4-g64+rot", Rotated<KVCache<Keys<Int4<Group<64>>>, Values<Int4<Group<64>>>>>, false>,
+    Policy<"int3-g32+rot", Rotated<KVCache<Keys<Int3<Group<32>>>, Values<Int3<Group<32>>>>>, false>,
+    Policy<"int3-g64+rot", Rotated<KVCache<Keys<Int3<Group<64>>>, Values<Int3<Group<64>>>>>, false>,
+    Policy<"int2-g32+rot", Rotated<KVCache<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>>>, false>,
+    Policy<"int3-g64+srot", Rotated<KVCache<Keys<Int3<Group<64>>>, Values<Int3<Group<64>>>>, Rotate<SignedHadamard>>, false>,
+    Policy<"kivi2-r0+rot", Rotated<KVCache<Keys<Int2<Group<32>>, PerChannel>, Values<Int2<Group<32>>>>>, false>,
+    Policy<"kc3v3-g128-64+rot", Rotated<KVCache<Keys<Int3<Group<128>>, PerChannel>, Values<Int3<Group<64>>>>>, false>,
+    Policy<"kc2v2-g128-64+rot", Rotated<KVCache<Keys<Int2<Group<128>>, PerChannel>, Values<Int2<Group<64>>>>>, false>,
     // Eviction at 50 % / 25 % of the context (not default). SinkWindow, H2O and BlockSparse resolve
     // their Fraction<> against ModelShape::max_tokens, which kvpack-eval sets to the context (--ctx,
     // or the needle length: see eval_capacity in kvpack_eval.cpp); at 4096 they hold 2048 / 1024

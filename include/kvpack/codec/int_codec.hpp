@@ -1,5 +1,6 @@
-// INT8 and INT4 codecs with per-group scales (and zero-points), the core of KIVI/KVQuant-style
-// KV-cache quantization.
+// Integer codecs (8, 4, 3 and 2 bits) with per-group scales (and zero-points), the core of
+// KIVI/KVQuant-style KV-cache quantization. Int8<> and Int4<> are here; Int3<> and Int2<> in
+// codec/int_lowbit.hpp.
 //
 // Numerics (asserted by tests/test_codec_int.cpp and CASES C1, C2, C4):
 //  * symmetric: q = clamp(rne(x / scale), -2^(b-1), 2^(b-1) - 1), x̂ = scale * q,
@@ -12,8 +13,12 @@
 //  * constant groups reconstruct exactly whenever the constant is representable in the metadata
 //    precision (asymmetric: zero = v, q = 0; symmetric: scale = |v|, q = ±1); the all-zero group
 //    gets scale 1. A scale is never 0, Inf or NaN.
-// Stored codes: INT8 symmetric as two's-complement int8; INT8 asymmetric as uint8; INT4 as
-// unsigned nibbles (symmetric q + 8, asymmetric q), element 2i in the LOW nibble of byte i.
+// Stored codes: INT8 symmetric as two's-complement int8; INT8 asymmetric as uint8. Sub-byte codes
+// (4, 3, 2 bits) are unsigned u = q - qmin (symmetric INT4: q + 8, asymmetric: q) in an LSB-first
+// bit stream: element i occupies bits [b*i, b*i + b) of the row, bit k of the stream being bit
+// k % 8 of byte k / 8. INT4: element 2i in the LOW nibble of byte i; INT2: element 4i + j at bits
+// 2j of byte i; INT3: 8 codes in 3 bytes, element 8i + j at stream bits 24i + 3j (elements 2 and 5
+// of each triple straddle a byte boundary).
 #pragma once
 
 #include <algorithm>
@@ -28,14 +33,17 @@
 
 namespace kvpack {
 
-/// Integer codec with `Bits` bits per code (4 or 8), groups of GroupT::size values sharing one
+/// Integer codec with `Bits` bits per code (2, 3, 4 or 8), groups of GroupT::size values sharing one
 /// scale (and, asymmetric, one zero-point) stored in Meta precision.
 /// Bits per value including metadata: Bits + 8 * meta_bytes_per_group / group_size
 /// (INT4, group 32, fp16 scale + zero-point: 4 + 32/32 = 5.0).
 template <int Bits, class GroupT, class Mode, class Meta>
 struct IntCodec {
-  static_assert(Bits == 4 || Bits == 8, "kvpack::IntCodec: only 4- and 8-bit codes are supported");
+  static_assert(Bits == 2 || Bits == 3 || Bits == 4 || Bits == 8,
+                "kvpack::IntCodec: only 2-, 3-, 4- and 8-bit codes are supported");
   static constexpr int bits = Bits;
+  /// Codes narrower than a byte, stored unsigned (q - qmin) in the LSB-first bit stream.
+  static constexpr bool sub_byte = Bits < 8;
   static constexpr bool grouped = true;
   static constexpr int group_size = GroupT::size;
   static constexpr bool asymmetric = Mode::asymmetric;
@@ -45,9 +53,9 @@ struct IntCodec {
   static constexpr int meta_bytes_per_group = (asymmetric ? 2 : 1) * Meta::bytes;
   static constexpr double bits_per_value = Bits + 8.0 * meta_bytes_per_group / group_size;
 
-  /// Bytes holding n codes (n must be even for INT4).
+  /// Bytes holding n codes: ceil(n * Bits / 8) (whole bytes when n is a multiple of 8).
   [[nodiscard]] KVPACK_HOST_DEVICE static constexpr std::size_t code_bytes(std::size_t n) noexcept {
-    return n * Bits / 8;
+    return (n * Bits + 7) / 8;
   }
 
   /// Scale and zero-point of `count` values x[0], x[stride], ... (finite input), already rounded
@@ -87,30 +95,43 @@ struct IntCodec {
   }
   /// Stored (packed) form of level q, and back.
   [[nodiscard]] KVPACK_HOST_DEVICE static constexpr unsigned to_stored(int q) noexcept {
-    if constexpr (Bits == 4) return static_cast<unsigned>(q - qmin);  // symmetric: q + 8
+    if constexpr (sub_byte) return static_cast<unsigned>(q - qmin);  // symmetric INT4: q + 8
     else if constexpr (asymmetric) return static_cast<unsigned>(q);
     else return static_cast<unsigned>(static_cast<std::uint8_t>(q));  // two's complement int8
   }
   [[nodiscard]] KVPACK_HOST_DEVICE static constexpr int from_stored(unsigned u) noexcept {
-    if constexpr (Bits == 4) return static_cast<int>(u) + qmin;
+    if constexpr (sub_byte) return static_cast<int>(u) + qmin;
     else if constexpr (asymmetric) return static_cast<int>(u);
     else return static_cast<int>(static_cast<std::int8_t>(static_cast<std::uint8_t>(u)));
   }
 
-  /// Packs stored code u as element i of a row of codes.
+  /// Packs stored code u (< 2^Bits) as element i of a row of codes; other elements unchanged.
   KVPACK_HOST_DEVICE static void store_code(std::byte* row, std::size_t i, unsigned u) noexcept {
-    if constexpr (Bits == 4) {
-      auto& b = reinterpret_cast<std::uint8_t&>(row[i / 2]);
-      b = (i % 2 == 0) ? static_cast<std::uint8_t>((b & 0xF0u) | u) : static_cast<std::uint8_t>((b & 0x0Fu) | (u << 4));
+    if constexpr (sub_byte) {
+      constexpr unsigned mask = (1u << Bits) - 1u;
+      const std::size_t bit = i * Bits;
+      auto* p = reinterpret_cast<std::uint8_t*>(row) + bit / 8;
+      const unsigned sh = static_cast<unsigned>(bit % 8);
+      p[0] = static_cast<std::uint8_t>((p[0] & ~(mask << sh)) | ((u & mask) << sh));
+      if (sh + Bits > 8)  // INT3 only: the code straddles into the next byte
+        p[1] = static_cast<std::uint8_t>((p[1] & ~(mask >> (8 - sh))) | ((u & mask) >> (8 - sh)));
     } else {
       row[i] = static_cast<std::byte>(u);
     }
   }
-  /// Stored code of element i of a row of codes.
+  /// Stored code of element i of a row of codes (reads only the bytes holding element i).
   [[nodiscard]] KVPACK_HOST_DEVICE static unsigned load_code(const std::byte* row, std::size_t i) noexcept {
-    const auto b = static_cast<unsigned>(row[Bits == 4 ? i / 2 : i]);
-    if constexpr (Bits == 4) return (i % 2 == 0) ? (b & 0x0Fu) : (b >> 4);
-    else return b;
+    if constexpr (sub_byte) {
+      constexpr unsigned mask = (1u << Bits) - 1u;
+      const std::size_t bit = i * Bits;
+      const auto* p = reinterpret_cast<const std::uint8_t*>(row) + bit / 8;
+      const unsigned sh = static_cast<unsigned>(bit % 8);
+      unsigned w = p[0];
+      if (sh + Bits > 8) w |= static_cast<unsigned>(p[1]) << 8;
+      return (w >> sh) & mask;
+    } else {
+      return static_cast<unsigned>(row[i]);
+    }
   }
   /// Encodes x under p into its stored code; decodes a stored code.
   [[nodiscard]] KVPACK_HOST_DEVICE static unsigned encode_value(float x, GroupParams p) noexcept { return to_stored(quantize(x, p)); }
