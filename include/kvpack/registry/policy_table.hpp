@@ -1,7 +1,7 @@
-// The named policies of kvpack: a compile-time table of (name, policy set) pairs that the runtime
-// registry (registry.hpp), the C ABI (c/kvpack.h) and kvpack-eval share, so a name means the same
-// cache everywhere. Adding a policy is one line here (a new policy or codec type is still one new
-// file and its test).
+// The named policies of kvpack: a compile-time table of (name, policy set) pairs used by the
+// runtime registry (registry.hpp) and the C ABI (c/kvpack.h). The names and types are those of
+// kvpack-eval's list (tools/llama/policies.hpp, which still keeps its own copy plus tool-only
+// entries: offload, reference, zero-v). Adding a policy is one line here.
 #pragma once
 
 #include <algorithm>
