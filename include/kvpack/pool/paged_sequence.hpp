@@ -215,7 +215,7 @@ inline void push(PagedLayer& L, std::span<const float> k, std::span<const float>
 [[nodiscard]] inline bool can_truncate(const PagedLayer& L, std::int64_t n_new, int sinks, int R, int U) noexcept {
   const std::int64_t s = std::min<std::int64_t>(sinks, n_new);
   const std::int64_t from = s + commit_count(n_new - s, R, U);
-  return from >= n_new || from >= L.total - L.hist.size();
+  return n_new == L.total || from >= n_new || from >= L.total - L.hist.size();
 }
 
 /// Pages truncating L to n_new tokens needs: a copy of each shared page that must be cut.
@@ -234,6 +234,7 @@ inline void push(PagedLayer& L, std::span<const float> k, std::span<const float>
 /// keeps its surviving tokens. Requires can_truncate and the pages_for_truncate pages in `spare`.
 inline void truncate(PagedLayer& L, PagePool& pool, const BlockLayout& layout, std::size_t row, std::int64_t n_new,
                      int sinks, int R, int U, std::vector<std::uint32_t>& spare) {
+  if (n_new == L.total) return;  // nothing dropped: the latest chunk and pending rows stay as they are
   const std::int64_t B = layout.tokens, drop = L.total - n_new;
   const std::int64_t s = std::min<std::int64_t>(sinks, n_new);
   const std::int64_t c = commit_count(n_new - s, R, U);
