@@ -1,0 +1,386 @@
+#!/usr/bin/env python3
+"""The C ABI (include/kvpack/c/kvpack.h, library kvpack_c) driven through ctypes with numpy.
+
+Usage: test_capi.py PATH/TO/libkvpack_c.so
+
+Attention is compared with float64 softmax attention computed here in numpy over K/V passed
+through the codec's documented round trip (DESIGN.md "Numerics": scale rounded UP and zero-point
+DOWN to fp16, codes = clamp(round-half-even((x - zero) / scale)); fp16 = round to nearest even),
+with the latest append exact (CASES C5). What remains is fp32 accumulation in the kernel: the
+tolerance is 1e-5 * (1 + max|V|), ~10x the fp32 error of sums over <= 65 tokens x 64 channels
+(measured: 2-3 % of it), while one quantization step moves outputs by 1e-3 (INT8) to 1e-2 (INT4):
+each run also checks that the reference WITHOUT the codec is further away than the tolerance
+(the test can tell codecs apart, fp16 included).
+Errors checked: bad policy names, an evicting policy, a freed sequence, a destroyed pool, pool
+exhaustion (clear status, earlier sequences unharmed), NULL arguments.
+Exit 0: pass; 1: fail; 77: skipped (numpy missing and not in CI).
+"""
+import ctypes as C
+import os
+import sys
+
+try:
+    import numpy as np
+except ImportError:
+    print("numpy not available", file=sys.stderr)
+    sys.exit(1 if os.environ.get("CI") else 77)
+
+OK, INVALID, NON_FINITE, CAPACITY, UNSUPPORTED = 0, 1, 2, 3, 8
+
+
+class Shape(C.Structure):
+    _fields_ = [("layers", C.c_int32), ("q_heads", C.c_int32), ("kv_heads", C.c_int32), ("head_dim", C.c_int32),
+                ("max_tokens", C.c_int64), ("attn_scale", C.c_float)]
+
+
+class PoolConfig(C.Structure):
+    _fields_ = [("shape", Shape), ("byte_budget", C.c_uint64), ("max_sequences", C.c_int32),
+                ("max_rollback_tokens", C.c_int32)]
+
+
+class Seq(C.Structure):
+    _fields_ = [("index", C.c_uint32), ("generation", C.c_uint32)]
+
+
+class Stats(C.Structure):
+    _fields_ = [(n, C.c_uint64) for n in ("page_bytes", "pages_total", "pages_used", "pages_free", "pages_shared",
+                                          "budget_bytes", "bytes_used", "bytes_if_unshared", "overhead_bytes",
+                                          "exact_bytes", "memory_bytes")] + \
+               [("sequences", C.c_int64), ("block_tokens", C.c_int32), ("key_bits_per_value", C.c_double),
+                ("value_bits_per_value", C.c_double)]
+
+
+FP = C.POINTER(C.c_float)
+IP = C.POINTER(C.c_int32)
+
+
+def load(path):
+    lib = C.CDLL(path)
+    sig = {
+        "kvpack_abi_version": (C.c_int32, []),
+        "kvpack_last_error": (C.c_char_p, []),
+        "kvpack_status_name": (C.c_char_p, [C.c_int]),
+        "kvpack_policy_count": (C.c_int32, []),
+        "kvpack_policy_name": (C.c_char_p, [C.c_int32, IP]),
+        "kvpack_pool_create": (C.c_int, [C.c_char_p, C.POINTER(PoolConfig), C.POINTER(C.c_void_p)]),
+        "kvpack_pool_destroy": (None, [C.c_void_p]),
+        "kvpack_workspace_create": (C.c_int, [C.POINTER(C.c_void_p)]),
+        "kvpack_workspace_destroy": (None, [C.c_void_p]),
+        "kvpack_seq_create": (C.c_int, [C.c_void_p, C.POINTER(Seq)]),
+        "kvpack_seq_fork": (C.c_int, [C.c_void_p, Seq, C.POINTER(Seq)]),
+        "kvpack_seq_free": (C.c_int, [C.c_void_p, Seq]),
+        "kvpack_seq_length": (C.c_int, [C.c_void_p, Seq, C.POINTER(C.c_int64)]),
+        "kvpack_seq_truncate": (C.c_int, [C.c_void_p, Seq, C.c_int64]),
+        "kvpack_append": (C.c_int, [C.c_void_p, Seq, C.c_int32, FP, FP, IP, C.c_int64]),
+        "kvpack_attend": (C.c_int, [C.c_void_p, Seq, C.c_int32, FP, C.c_int64, FP, C.c_void_p]),
+        "kvpack_attend_batch": (C.c_int, [C.c_void_p, C.c_int32, C.POINTER(Seq), C.c_int64, FP, FP,
+                                          C.POINTER(C.c_void_p), C.c_int32]),
+        "kvpack_pool_stats_get": (C.c_int, [C.c_void_p, C.POINTER(Stats)]),
+    }
+    for name, (res, args) in sig.items():
+        f = getattr(lib, name)
+        f.restype, f.argtypes = res, args
+    return lib
+
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what, file=sys.stderr)
+
+
+def fptr(a):
+    assert a.dtype == np.float32 and a.flags["C_CONTIGUOUS"]
+    return a.ctypes.data_as(FP)
+
+
+class Pool:
+    """A pool handle with numpy-friendly calls; every call returns (status, result)."""
+
+    def __init__(self, lib, policy, shape, budget=8 << 20, max_sequences=8, rollback=0):
+        self.lib, self.shape = lib, shape
+        cfg = PoolConfig(Shape(*shape, 0.0), budget, max_sequences, rollback)
+        self.h = C.c_void_p()
+        self.status = lib.kvpack_pool_create(policy.encode(), C.byref(cfg), C.byref(self.h))
+
+    def seq(self):
+        s = Seq()
+        st = self.lib.kvpack_seq_create(self.h, C.byref(s))
+        return st, s
+
+    def fork(self, parent):
+        s = Seq()
+        return self.lib.kvpack_seq_fork(self.h, parent, C.byref(s)), s
+
+    def append(self, s, layer, k, v, pos):
+        return self.lib.kvpack_append(self.h, s, layer, fptr(k), fptr(v), pos.ctypes.data_as(IP), len(pos))
+
+    def attend(self, s, layer, q, ws=None):
+        out = np.zeros_like(q)
+        st = self.lib.kvpack_attend(self.h, s, layer, fptr(q), q.shape[0], fptr(out), ws)
+        return st, out
+
+    def length(self, s):
+        n = C.c_int64()
+        return self.lib.kvpack_seq_length(self.h, s, C.byref(n)), n.value
+
+    def stats(self):
+        r = Stats()
+        return self.lib.kvpack_pool_stats_get(self.h, C.byref(r)), r
+
+
+# ---- float64 reference --------------------------------------------------------------------------
+
+def f16_round(x, direction):
+    """x rounded to binary16 toward +inf (direction 1) or -inf (-1), as float64."""
+    h = x.astype(np.float16).astype(np.float64)
+    if direction > 0:
+        bump = h < x
+        h[bump] = np.nextafter(x[bump].astype(np.float16), np.float16(np.inf)).astype(np.float64)
+    else:
+        bump = h > x
+        h[bump] = np.nextafter(x[bump].astype(np.float16), np.float16(-np.inf)).astype(np.float64)
+    return h
+
+
+def roundtrip(x, codec):
+    """x [..., D] float32 through `codec`; per-token groups along the last axis."""
+    kind = codec[0]
+    x = x.astype(np.float64)
+    if kind == "fp32":
+        return x
+    if kind == "fp16":
+        return x.astype(np.float16).astype(np.float64)
+    bits, group, asym = codec[1], codec[2], codec[3]
+    g = x.reshape(*x.shape[:-1], x.shape[-1] // group, group)
+    if asym:
+        lo, hi = g.min(axis=-1, keepdims=True), g.max(axis=-1, keepdims=True)
+        zero = f16_round(lo, -1)
+        scale = f16_round((hi - zero) / (2 ** bits - 1), 1)
+        q = np.clip(np.rint((g - zero) / scale), 0, 2 ** bits - 1)
+        out = zero + scale * q
+    else:
+        amax = np.abs(g).max(axis=-1, keepdims=True)
+        scale = f16_round(amax / (2 ** (bits - 1) - 1), 1)
+        q = np.clip(np.rint(g / scale), -(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+        out = scale * q
+    return out.reshape(x.shape)
+
+
+CODECS = {"fp32": ("fp32",), "fp16": ("fp16",), "int8": ("int", 8, 32, False), "int4-g32": ("int", 4, 32, True),
+          "int4-g64": ("int", 4, 64, True), "q4_0": ("int", 4, 32, False)}
+# policy -> (key codec, value codec)
+POLICIES = {
+    "fp32": ("fp32", "fp32"), "fp16": ("fp16", "fp16"), "int8": ("int8", "int8"), "int4-g32": ("int4-g32", "int4-g32"),
+    "int4-g64": ("int4-g64", "int4-g64"), "k8v4": ("int8", "int4-g32"), "q8_0": ("int8", "int8"),
+    "q4_0": ("q4_0", "q4_0"), "q4_1": ("int4-g32", "int4-g32"), "q8_0/q4_0": ("int8", "q4_0"), "f16/q4_1": ("fp16", "int4-g32"),
+    # KIVI keys: per-channel groups of 32 tokens, but the 128-token fp32 residual window holds all
+    # 65 tokens of this test, so both roles are exact here.
+    "kivi4": ("fp32", "fp32"),
+}
+
+
+def attention_ref(K, V, Q, q_first, q_heads, kv_heads):
+    """K, V [n][kv][D] float64; Q [n_q][q_heads][D]; causal from cache index q_first."""
+    n, _, D = K.shape
+    group = q_heads // kv_heads
+    out = np.zeros(Q.shape, dtype=np.float64)
+    scale = 1.0 / np.sqrt(D)
+    for i in range(Q.shape[0]):
+        vis = min(n, q_first + i + 1)
+        for h in range(q_heads):
+            kh = h // group
+            s = K[:vis, kh, :] @ Q[i, h, :].astype(np.float64) * scale
+            p = np.exp(s - s.max())
+            p /= p.sum()
+            out[i, h, :] = p @ V[:vis, kh, :]
+    return out
+
+
+# ---- tests ----------------------------------------------------------------------------------------
+
+SHAPE = (2, 4, 2, 64, 256)  # layers, q_heads, kv_heads, head_dim, max_tokens
+CHUNKS = (31, 33, 1)        # odd sizes across group (32) and page (64 tokens) boundaries
+
+
+def rand(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def test_attention(lib, policy, rng):
+    L, QH, KH, D, _ = SHAPE
+    kc, vc = (CODECS[c] for c in POLICIES[policy])
+    pool = Pool(lib, policy, SHAPE)
+    check(pool.status == OK, f"{policy}: pool_create -> {pool.status} {lib.kvpack_last_error()}")
+    if pool.status != OK:
+        return
+    st, s = pool.seq()
+    check(st == OK, f"{policy}: seq_create")
+    ws = C.c_void_p()
+    check(lib.kvpack_workspace_create(C.byref(ws)) == OK, "workspace_create")
+    Ks, Vs = [[] for _ in range(L)], [[] for _ in range(L)]
+    pos0, worst, codec_gap = 0, 0.0, 0.0
+    for n in CHUNKS:
+        pos = np.arange(pos0, pos0 + n, dtype=np.int32)
+        pos0 += n
+        for layer in range(L):
+            k, v, q = rand(rng, n, KH, D) * 2, rand(rng, n, KH, D), rand(rng, n, QH, D)
+            check(pool.append(s, layer, k, v, pos) == OK, f"{policy}: append {n} {lib.kvpack_last_error()}")
+            st, out = pool.attend(s, layer, q, ws if layer == 0 else None)
+            check(st == OK, f"{policy}: attend -> {st} {lib.kvpack_last_error()}")
+            past_k = np.concatenate(Ks[layer]) if Ks[layer] else np.zeros((0, KH, D), np.float32)
+            past_v = np.concatenate(Vs[layer]) if Vs[layer] else np.zeros((0, KH, D), np.float32)
+            Kq = np.concatenate([roundtrip(past_k, kc), k.astype(np.float64)])
+            Vq = np.concatenate([roundtrip(past_v, vc), v.astype(np.float64)])
+            ref = attention_ref(Kq, Vq, q, len(Kq) - n, QH, KH)
+            tol = 1e-5 * (1.0 + np.abs(Vq).max())
+            err = np.abs(out - ref).max()
+            worst = max(worst, err / tol)
+            check(err <= tol, f"{policy}: chunk {n} layer {layer}: |out - ref64| = {err:.3g} > tol {tol:.3g}")
+            Kx = np.concatenate([past_k, k]).astype(np.float64)
+            Vx = np.concatenate([past_v, v]).astype(np.float64)
+            codec_gap = max(codec_gap, np.abs(out - attention_ref(Kx, Vx, q, len(Kx) - n, QH, KH)).max() / tol)
+            Ks[layer].append(k)
+            Vs[layer].append(v)
+    st, n = pool.length(s)
+    check(st == OK and n == sum(CHUNKS), f"{policy}: length {n}")
+    lossy = POLICIES[policy] not in (("fp32", "fp32"),)
+    if lossy:  # the codec is visible at this tolerance: a reference without it would fail
+        check(codec_gap > 1.0, f"{policy}: output indistinguishable from unquantized attention (gap {codec_gap:.3g} tol)")
+    print(f"  {policy:10s} max |out - ref64| / tol = {worst:.3f}; unquantized ref / tol = {codec_gap:.1f}")
+    lib.kvpack_workspace_destroy(ws)
+    lib.kvpack_pool_destroy(pool.h)
+
+
+def test_batch_fork_truncate(lib, rng):
+    L, QH, KH, D, _ = SHAPE
+    pool = Pool(lib, "int8", SHAPE, rollback=8)
+    seqs, qs = [], []
+    for n in (1, 31, 33, 70):
+        _, s = pool.seq()
+        pos = np.arange(n, dtype=np.int32)
+        for layer in range(L):
+            check(pool.append(s, layer, rand(rng, n, KH, D), rand(rng, n, KH, D), pos) == OK, "batch append")
+        seqs.append(s)
+    # batched decode over 1..4 workspaces = per-sequence attend, bit for bit
+    q = rand(rng, len(seqs), QH, D)
+    single = np.stack([pool.attend(s, 1, q[i:i + 1])[1][0] for i, s in enumerate(seqs)])
+    arr = (Seq * len(seqs))(*seqs)
+    for W in (0, 1, 3):
+        wss = [C.c_void_p() for _ in range(W)]
+        for w in wss:
+            lib.kvpack_workspace_create(C.byref(w))
+        wsa = (C.c_void_p * W)(*[w.value for w in wss]) if W else None
+        out = np.zeros_like(q)
+        st = lib.kvpack_attend_batch(pool.h, 1, arr, len(seqs), fptr(q), fptr(out), wsa, max(W, 1))
+        check(st == OK, f"attend_batch W={W}: {st} {lib.kvpack_last_error()}")
+        check(np.array_equal(out, single), f"attend_batch W={W} differs from attend")
+        for w in wss:
+            lib.kvpack_workspace_destroy(w)
+
+    # fork: the child shares pages; appending to it leaves the parent unchanged
+    parent = seqs[3]
+    qp = rand(rng, 1, QH, D)
+    before = pool.attend(parent, 0, qp)[1]
+    st, child = pool.fork(parent)
+    check(st == OK, "fork")
+    _, stats = pool.stats()
+    check(stats.pages_shared > 0 and stats.bytes_if_unshared > stats.bytes_used,
+          f"fork shares pages (shared {stats.pages_shared}, {stats.bytes_used} of {stats.bytes_if_unshared} bytes)")
+    pos = np.arange(70, 75, dtype=np.int32)
+    for layer in range(L):
+        check(pool.append(child, layer, rand(rng, 5, KH, D), rand(rng, 5, KH, D), pos) == OK, "child append")
+    check(np.array_equal(pool.attend(parent, 0, qp)[1], before), "fork isolated: parent output changed")
+
+    # truncate: the child after dropping its 5 tokens attends like the parent
+    check(lib.kvpack_seq_truncate(pool.h, child, 70) == OK, f"truncate: {lib.kvpack_last_error()}")
+    check(pool.length(child)[1] == 70, "length after truncate")
+    kx, vx = rand(rng, 1, KH, D), rand(rng, 1, KH, D)
+    p70 = np.array([70], dtype=np.int32)
+    for s in (parent, child):
+        for layer in range(L):
+            pool.append(s, layer, kx, vx, p70)
+    check(np.array_equal(pool.attend(parent, 1, qp)[1], pool.attend(child, 1, qp)[1]),
+          "truncate: child differs from a sequence that never had the dropped tokens")
+    st = lib.kvpack_seq_truncate(pool.h, child, 100)
+    check(st == INVALID, f"truncate past the end -> {st}")
+    st = lib.kvpack_seq_truncate(pool.h, child, 10)
+    check(st in (INVALID, UNSUPPORTED), f"truncate beyond max_rollback_tokens -> {st}")
+    lib.kvpack_pool_destroy(pool.h)
+
+
+def test_errors(lib, rng):
+    L, QH, KH, D, _ = SHAPE
+    bad = Pool(lib, "int3", SHAPE)
+    msg = lib.kvpack_last_error().decode()
+    check(bad.status == INVALID and "int3" in msg and "known:" in msg, f"bad policy name -> {bad.status} '{msg}'")
+    check(lib.kvpack_status_name(bad.status) == b"invalid argument", "status name")
+    ev = Pool(lib, "sink-window-50", SHAPE)
+    check(ev.status == UNSUPPORTED, f"evicting policy on the pool -> {ev.status}")
+    bf = Pool(lib, "bf16", SHAPE)
+    check(bf.status == UNSUPPORTED and "bf16" in lib.kvpack_last_error().decode(), "bf16 has no kvpack codec")
+    check(lib.kvpack_pool_create(None, None, None) == INVALID, "NULL arguments")
+
+    # freed sequence handle
+    pool = Pool(lib, "int4-g32", SHAPE, budget=0)
+    check(pool.status == INVALID, "budget below one page")
+    pool = Pool(lib, "int4-g32", SHAPE, budget=64 << 10, max_sequences=4)
+    check(pool.status == OK, "small pool")
+    _, s = pool.seq()
+    check(lib.kvpack_seq_free(pool.h, s) == OK, "free")
+    st = pool.append(s, 0, rand(rng, 1, KH, D), rand(rng, 1, KH, D), np.zeros(1, np.int32))
+    check(st == INVALID and "not live" in lib.kvpack_last_error().decode(), f"freed handle append -> {st}")
+    check(lib.kvpack_seq_free(pool.h, s) == INVALID, "double free")
+    _, s2 = pool.seq()  # reuses the slot with a new generation
+    check(s2.index == s.index and s2.generation != s.generation, "slot reuse gets a new generation")
+    check(pool.attend(s, 0, rand(rng, 1, QH, D))[0] == INVALID, "stale handle after slot reuse")
+
+    # exhaustion: pages run out; a clear status, the other sequence unharmed
+    _, st_ = pool.stats()
+    pages = st_.pages_total
+    n_ok = 64 * (pages // (L * KH))  # every page of the arena, in a first sequence
+    pos = np.arange(n_ok, dtype=np.int32)
+    ks, vs = rand(rng, n_ok, KH, D), rand(rng, n_ok, KH, D)
+    for layer in range(L):
+        check(pool.append(s2, layer, ks, vs, pos) == OK, f"fill: {lib.kvpack_last_error()}")
+    q = rand(rng, 1, QH, D)
+    before = pool.attend(s2, 1, q)[1]
+    _, s3 = pool.seq()
+    st = pool.append(s3, 0, rand(rng, 65, KH, D), rand(rng, 65, KH, D), np.arange(65, dtype=np.int32))
+    check(st == CAPACITY and "pages" in lib.kvpack_last_error().decode(), f"exhaustion -> {st} {lib.kvpack_last_error()}")
+    check(pool.length(s3)[1] == 0, "nothing written on exhaustion")
+    check(np.array_equal(pool.attend(s2, 1, q)[1], before), "exhaustion changed another sequence")
+    nan = rand(rng, 1, KH, D)
+    nan[0, 1, 5] = np.nan
+    check(pool.append(s3, 0, nan, nan, np.zeros(1, np.int32)) == NON_FINITE, "NaN rejected")
+    # destroyed pool
+    lib.kvpack_pool_destroy(pool.h)
+    st = pool.seq()[0]
+    check(st == INVALID and "destroyed" in lib.kvpack_last_error().decode(), f"destroyed pool -> {st}")
+    lib.kvpack_pool_destroy(pool.h)  # twice: a no-op
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__)
+        return 2
+    lib = load(sys.argv[1])
+    check(lib.kvpack_abi_version() == 1, "ABI version")
+    names = [lib.kvpack_policy_name(i, None).decode() for i in range(lib.kvpack_policy_count())]
+    for n in ("fp32", "fp16", "int8", "int4-g32", "int4-g64", "k8v4", "kivi4", "fp8-e4m3", "sink-window-50", "q8_0", "q4_0"):
+        check(n in names, f"policy {n} listed")
+    rng = np.random.default_rng(7)
+    print("attention vs float64 reference (tolerance 1e-5 * (1 + max|V|)):")
+    for policy in POLICIES:
+        test_attention(lib, policy, rng)
+    test_batch_fork_truncate(lib, rng)
+    test_errors(lib, rng)
+    print(f"{len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
