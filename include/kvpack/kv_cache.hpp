@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvpack/cache/append_tokens.hpp"
 #include "kvpack/cache/block.hpp"
 #include "kvpack/cache/block_import.hpp"
 #include "kvpack/cache/codec_hook.hpp"
@@ -135,13 +136,18 @@ class KVCache {
   /// q_heads not a multiple of kv_heads, head_dim odd, above 65535 or not a multiple of a per-token
   /// group size, max_tokens above 2^31 - 1, an eviction budget the shape cannot hold. With an
   /// Offload<> policy, `offload` sets the resident budget, placement and tiers; its errors (bad
-  /// options, libsodium unavailable) are returned too.
+  /// options, libsodium unavailable) are returned too. Errc::out_of_memory (naming the bytes of the
+  /// per-layer bookkeeping requested) when an allocation fails, e.g. layers = 1 << 30.
   [[nodiscard]] static Result<KVCache> create(const ModelShape& shape, const offload_options& offload = {}) {
     if (Status s = validate_shape(shape, codec_hook::K::row_group, codec_hook::V::row_group); !s) return s.error();
     if (Status s = eviction_hook::check(shape); !s) return s.error();
-    KVCache c(shape);
-    if (Status s = c.off_.init(c, offload); !s) return s.error();
-    return Result<KVCache>(std::move(c));  // explicit: nvcc does not move into the Result implicitly
+    const std::size_t bytes = saturating_bytes(static_cast<std::uint64_t>(shape.layers), sizeof(typename store_type::Layer) +
+                                               static_cast<std::size_t>(shape.kv_heads) * sizeof(HeadStore));
+    return catch_alloc("KVCache::create", bytes, [&]() -> Result<KVCache> {  // Errc::out_of_memory
+      KVCache c(shape);
+      if (Status s = c.off_.init(c, offload); !s) return s.error();
+      return Result<KVCache>(std::move(c));  // explicit: nvcc does not move into the Result implicitly
+    });
   }
 
   /// Moves a cache. The moved-from cache is left empty with zero layers: every call on it then
@@ -167,7 +173,8 @@ class KVCache {
   /// Errc::capacity_exceeded too, cache indices being int32), a negative position
   /// (Errc::invalid_argument), NaN/Inf in k or v (Errc::non_finite, naming layer, KV head, token
   /// and channel). Positions need not increase (they are stored as given and never used to order
-  /// tokens: attention order and causality follow arrival order). n = 0 is a no-op.
+  /// tokens: attention order and causality follow arrival order). n = 0 is a no-op. Errc::out_of_memory
+  /// when an allocation fails; everything is reserved before anything changes, so the cache is as it was.
   Status append(int layer, std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> positions) {
     if (Status s = check_layer("append", layer); !s) return s;
     const auto n = static_cast<std::int64_t>(positions.size());
@@ -195,19 +202,7 @@ class KVCache {
                                                 std::to_string(t) + " of the chunk");
     if (Status s = check_finite(layer, L.total, k, "K"); !s) return s;
     if (Status s = check_finite(layer, L.total, v, "V"); !s) return s;
-    if constexpr (evicts) {
-      // Eviction caches commit lazily: the previous append's tokens are committed (and may be
-      // evicted) now, so blocks only ever hold tokens older than the current chunk.
-      if (Status s = hook_.before_append(store_, ws_, layer, n); !s) return s;
-      store_.commit(layer, hook_);
-    }
-    store_.push(L, k, v, positions);
-    if constexpr (evicts) {
-      for (int h = 0; h < shape().kv_heads; ++h) hook_.enforce(store_, layer, h, L.pend.size());
-    } else if (store_.commit(layer, hook_)) {  // hand blocks that became full (and old enough) to the offload store
-      for (int h = 0; h < shape().kv_heads; ++h) off_.hand_over(layer, h, L.heads[static_cast<std::size_t>(h)].blocks);
-    }
-    return {};
+    return catch_alloc("append", 0, [&] { return append_tokens<evicts>(store_, hook_, ws_, off_, layer, k, v, positions); });
   }
 
   /// Runs attend() through `executor` (include/kvpack/executor.hpp; e.g. thread_executor(2) or an
@@ -232,7 +227,7 @@ class KVCache {
   /// normalized (weights summing to 1), so finite K/V whose exact output is finite (e.g. every
   /// value 1e37) give that output. On any error the cache is unchanged (eviction scores
   /// and SnapKV's observation window included); `out` is unspecified after a non-finite output
-  /// error and untouched after the others.
+  /// error and untouched after the others. Errc::out_of_memory (cache unchanged) when scratch cannot grow.
   Status attend(int layer, std::span<const float> q, std::span<float> out) {
     if (Status s = check_layer("attend", layer); !s) return s;
     const int D = shape().head_dim;
@@ -255,33 +250,35 @@ class KVCache {
                                           std::to_string(layer) + ", " + where(i) + ", channel " +
                                           std::to_string(i % static_cast<std::size_t>(D)));
     const int group = shape().q_heads / shape().kv_heads;
-    if (Status s = off_.begin_attend(layer); !s) return s;  // prefetch next layers, pin this one's blocks
-    ws_.head_mass.resize(static_cast<std::size_t>(shape().kv_heads));
-    if (ws_.exec) attend_parallel(layer, q, out, n_q, group);
-    for (int h = 0; h < shape().kv_heads && !ws_.exec; ++h) {
-      const std::int64_t at = static_cast<std::int64_t>(h) * group * D;
-      kernels::AttendArgs a = store_.args_for(L, q.data() + at, out.data() + at, n_q, group);
-      const kernels::HeadSegments seg = store_.segments(layer, h, hook_, off_, ws_.refs);
-      if constexpr (eviction_hook::wants_mass) {  // the kernel gathers each key's attention mass
-        std::vector<float>& m = ws_.head_mass[static_cast<std::size_t>(h)];
-        m.assign(static_cast<std::size_t>(store_.ordinals(seg)), 0.f);
-        a.key_mass = m.data();
+    return catch_alloc("attend", 0, [&]() -> Status {  // std::bad_alloc: Errc::out_of_memory, cache unchanged
+      if (Status s = off_.begin_attend(layer); !s) return s;  // prefetch next layers, pin this one's blocks
+      struct Unpin { decltype(off_)& o; ~Unpin() { o.end_attend(); } } unpin{off_};  // also when a kernel throws
+      ws_.head_mass.resize(static_cast<std::size_t>(shape().kv_heads));
+      if (ws_.exec) attend_parallel(layer, q, out, n_q, group);
+      for (int h = 0; h < shape().kv_heads && !ws_.exec; ++h) {
+        const std::int64_t at = static_cast<std::int64_t>(h) * group * D;
+        kernels::AttendArgs a = store_.args_for(L, q.data() + at, out.data() + at, n_q, group);
+        const kernels::HeadSegments seg = store_.segments(layer, h, hook_, off_, ws_.refs);
+        if constexpr (eviction_hook::wants_mass) {  // the kernel gathers each key's attention mass
+          std::vector<float>& m = ws_.head_mass[static_cast<std::size_t>(h)];
+          m.assign(static_cast<std::size_t>(store_.ordinals(seg)), 0.f);
+          a.key_mass = m.data();
+        }
+        codec_hook::attend(a, seg, store_.layout(), ws_.scratch);
       }
-      codec_hook::attend(a, seg, store_.layout(), ws_.scratch);
-    }
-    off_.end_attend();
-    // Overflow (finite inputs whose products or sums exceed fp32) must not pass silently, nor
-    // poison eviction scores: scores are credited only once every head's output is finite.
-    for (std::size_t i = 0; i < out.size(); ++i)
-      if (!std::isfinite(out[i]))
-        return fail(Errc::non_finite, "attend: layer " + std::to_string(layer) + ": attention output " +
-                                          std::to_string(out[i]) + " at " + where(i) +
-                                          " is not finite (a logit q.k * scale overflowed fp32, or K/V too large); scores not updated");
-    if constexpr (eviction_hook::wants_mass)
-      for (int h = 0; h < shape().kv_heads; ++h)
-        hook_.on_mass(store_, layer, h, store_.segments(layer, h, hook_, off_, ws_.refs), ws_.head_mass[static_cast<std::size_t>(h)]);
-    hook_.on_queries(store_, layer, q, n_q);
-    return {};
+      // Overflow (finite inputs whose products or sums exceed fp32) must not pass silently, nor
+      // poison eviction scores: scores are credited only once every head's output is finite.
+      for (std::size_t i = 0; i < out.size(); ++i)
+        if (!std::isfinite(out[i]))
+          return fail(Errc::non_finite, "attend: layer " + std::to_string(layer) + ": attention output " +
+                                            std::to_string(out[i]) + " at " + where(i) +
+                                            " is not finite (a logit q.k * scale overflowed fp32, or K/V too large); scores not updated");
+      if constexpr (eviction_hook::wants_mass)
+        for (int h = 0; h < shape().kv_heads; ++h)
+          hook_.on_mass(store_, layer, h, store_.segments(layer, h, hook_, off_, ws_.refs), ws_.head_mass[static_cast<std::size_t>(h)]);
+      hook_.on_queries(store_, layer, q, n_q);
+      return {};
+    });
   }
 
   /// Prefix import (include/kvpack/offload/remote_prefix.hpp): appends one full block per KV head

@@ -71,11 +71,13 @@ struct Residual {
 };
 
 /// Tokens per storage block (the unit of quantized storage, eviction, offload). Default: 64, or the
-/// key group size when per-channel keys use a larger group.
+/// key group size when per-channel keys use a larger group. Any B in [2, 1024]; powers of two
+/// are not required on the CPU (a Keyframe<10, ...> cache uses Blocks<10>).
 template <int B>
 struct Blocks {
-  static_assert(B >= 8 && B <= 1024 && (B & (B - 1)) == 0,
-                "kvpack::Blocks<B>: B must be a power of two in [8, 1024]");
+  static_assert(B >= 2 && B <= 1024,
+                "kvpack::Blocks<B>: B must be in [2, 1024] tokens (block headers count tokens in 16 bits; "
+                "the CUDA decode path alone needs a power of two >= 8)");
   using kvpack_role = role::blocks;
   static constexpr int tokens = B;
 };

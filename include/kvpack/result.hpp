@@ -18,6 +18,7 @@ enum class Errc {
   auth_failed,        ///< an AEAD tag did not verify (tampered, swapped or replayed data)
   not_present,        ///< the requested data is not (yet) resident
   unsupported,        ///< the operation is not available in this build or for this format
+  out_of_memory,      ///< an allocation failed (std::bad_alloc caught at the API boundary)
 };
 
 /// Human-readable name of an error category.
@@ -31,6 +32,7 @@ enum class Errc {
     case Errc::auth_failed: return "authentication failed";
     case Errc::not_present: return "not present";
     case Errc::unsupported: return "unsupported";
+    case Errc::out_of_memory: return "out of memory";
   }
   return "unknown error";
 }

@@ -87,10 +87,14 @@ struct Scratch {
     const auto ns = static_cast<std::size_t>(n_states);
     const auto D = static_cast<std::size_t>(head_dim);
     const auto T = static_cast<std::size_t>(tile);
-    if (m.size() < ns) m.resize(ns), l.resize(ns);
+    // Each vector on its own: after a std::bad_alloc between two resizes the next call still
+    // grows the one left short (tests/test_alloc_fault.cpp).
+    if (m.size() < ns) m.resize(ns);
+    if (l.size() < ns) l.resize(ns);
     if (acc.size() < ns * D) acc.resize(ns * D);
     if (scores.size() < T) scores.resize(T);
-    if (k_tile.size() < T * D) k_tile.resize(T * D), v_tile.resize(T * D);
+    if (k_tile.size() < T * D) k_tile.resize(T * D);
+    if (v_tile.size() < T * D) v_tile.resize(T * D);
     if (channel_params.size() < D) channel_params.resize(D);
   }
 };

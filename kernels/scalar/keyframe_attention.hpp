@@ -94,7 +94,7 @@ void attend_keyframe(const AttendArgs& a, const HeadSegments& seg, const BlockLa
   const int D = a.head_dim;
   const int n_states = a.n_q * a.group;
   const int B = std::max(L.tokens, 1);
-  s.ensure(n_states, D, B);
+  s.ensure(n_states, D, std::max(B, 3));  // k_tile doubles as 3 working rows below (intervals of 2)
   const auto need = static_cast<std::size_t>(n_states) * static_cast<std::size_t>(B);
   if (s.block_scores.size() < need) s.block_scores.resize(need);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -112,7 +112,7 @@ void attend_keyframe(const AttendArgs& a, const HeadSegments& seg, const BlockLa
   // Working rows: the reconstructed token and each role's reference (keyframe or running sum).
   float* row = s.k_tile.data();
   float* kref = row + D;
-  float* vref = kref + D;  // k_tile holds B * D >= 3 * D floats when B >= 3 (B >= 8 by Blocks<>)
+  float* vref = kref + D;  // k_tile holds max(B, 3) * D >= 3 * D floats (ensure above)
   for (const BlockRef& b : seg.blocks) {
     if (b.count == 0 || b.first > a.q_first + a.n_q - 1) continue;
     auto visible = [&](int i) {

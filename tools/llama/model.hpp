@@ -21,19 +21,12 @@
 
 #include "dequant.hpp"
 #include "gguf.hpp"
+#include "model_config.hpp"
 
 namespace kvpack::llama {
 
 /// Row-major float32 matrix; activations are [tokens][features], weights [out][in].
 using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
-/// Hyper-parameters read from the GGUF metadata (`<arch>.*` keys).
-struct ModelConfig {
-  int layers = 0, d_model = 0, q_heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 0;
-  int64_t context = 0;      ///< trained context length, tokens
-  float rope_base = 10000;  ///< RoPE frequency base theta
-  float rms_eps = 1e-5f;    ///< RMSNorm epsilon
-};
 
 /// Weights of one transformer block, dequantized to float32 at load. Matrices are [out][in].
 struct LayerWeights {
@@ -84,32 +77,12 @@ class Model {
 
   /// As load(), from an opened GGUF file; `path` only labels error messages.
   [[nodiscard]] static Result<Model> from_gguf(const GgufFile& f, const std::string& path) {
-    const auto arch = f.get_string("general.architecture");
-    if (!arch) return fail(Errc::corrupt_data, path + ": no general.architecture");
-    if (*arch != "llama")
-      return fail(Errc::unsupported, path + ": architecture '" + *arch + "' is not llama");
+    // Keys, their agreement and every tensor shape are checked first (model_config.hpp).
+    auto cfg = read_model_config(f, path);
+    if (!cfg) return cfg.error();
     Model m;
     ModelConfig& c = m.cfg;
-    std::string missing;
-    auto geti = [&](const char* key) -> int64_t {
-      const auto v = f.get_int(*arch + "." + key);
-      if (!v) missing += std::string(missing.empty() ? "" : ", ") + *arch + "." + key;
-      return v.value_or(0);
-    };
-    c.layers = static_cast<int>(geti("block_count"));
-    c.d_model = static_cast<int>(geti("embedding_length"));
-    c.q_heads = static_cast<int>(geti("attention.head_count"));
-    c.kv_heads = static_cast<int>(geti("attention.head_count_kv"));
-    c.ffn = static_cast<int>(geti("feed_forward_length"));
-    c.context = geti("context_length");
-    if (!missing.empty()) return fail(Errc::corrupt_data, path + ": missing metadata " + missing);
-    c.rope_base = static_cast<float>(f.get_float(*arch + ".rope.freq_base").value_or(10000.0));
-    c.rms_eps = static_cast<float>(f.get_float(*arch + ".attention.layer_norm_rms_epsilon").value_or(1e-5));
-    if (c.layers <= 0 || c.d_model <= 0 || c.q_heads <= 0 || c.kv_heads <= 0 || c.ffn <= 0 ||
-        c.d_model % c.q_heads != 0 || c.q_heads % c.kv_heads != 0)
-      return fail(Errc::corrupt_data, path + ": inconsistent llama hyper-parameters");
-    c.head_dim = c.d_model / c.q_heads;
-    if (c.head_dim % 2 != 0) return fail(Errc::corrupt_data, path + ": odd head_dim");
+    c = *cfg;
 
     // Loads tensor `name` as a [rows][cols] matrix (GGUF dims: dims[0] = cols, fastest);
     // rows < 0 accepts any row count.

@@ -65,6 +65,13 @@ struct CodecHook {
     std::memcpy(d + L.positions + off * sizeof(std::int32_t), pos, commit_unit * sizeof(std::int32_t));
   }
 
+  /// Grows the codecs' encode scratch for head_dim D (keyframe intervals), so that encode then
+  /// allocates nothing (KVCache::append reserves before it changes anything). May throw std::bad_alloc.
+  static void reserve_encode(int D) {
+    if constexpr (requires { KC::reserve_encode(D); }) KC::reserve_encode(D);
+    if constexpr (requires { VC::reserve_encode(D); }) VC::reserve_encode(D);
+  }
+
   /// Runs the fused attention kernel over one KV head's segments.
   static void attend(const kernels::AttendArgs& a, const kernels::HeadSegments& seg, const BlockLayout& L,
                      kernels::Scratch& s) {

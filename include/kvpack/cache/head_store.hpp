@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvpack/cache/alloc_guard.hpp"
 #include "kvpack/cache/block.hpp"
 #include "kvpack/detail/secure_zero.hpp"
 
@@ -34,6 +35,7 @@ struct HeadStore {
   std::vector<std::int32_t> slot_token;  ///< cache index held by each slot, -1 when free
   std::vector<float> slot_score;         ///< the eviction policy's score of each slot
   std::vector<std::int32_t> free_slots;  ///< freed slots, reused last-freed first
+  std::vector<Block> spare;              ///< zeroed blocks allocated ahead by reserve_slots, used first
   std::int64_t live = 0;                 ///< live slots
 
   HeadStore() = default;
@@ -54,6 +56,32 @@ struct HeadStore {
     return false;
   }
 
+  /// A zeroed block for the pool: a spare one (reserve_slots) when there is one, else a new one.
+  [[nodiscard]] Block new_block(const BlockLayout& layout, const BlockHeader& proto) {
+    if (spare.empty()) return make_block(layout, proto);
+    Block b = std::move(spare.back());
+    spare.pop_back();
+    return b;
+  }
+  /// Allocates ahead what growing to `slots_after` slots needs (block payloads as spares, vector
+  /// capacities; with `evicts`, the slot bookkeeping and room for every slot to be freed), so that
+  /// committing and evicting up to there allocate nothing: KVCache::append reserves first and
+  /// mutates after, so an allocation failure leaves the cache unchanged. May throw std::bad_alloc
+  /// (what was reserved stays reserved and counts in allocated_bytes; contents are unchanged).
+  void reserve_slots(std::int64_t slots_after, bool evicts, const BlockLayout& layout, const BlockHeader& proto) {
+    const auto B = static_cast<std::size_t>(layout.tokens);
+    const std::size_t blocks_after = (static_cast<std::size_t>(std::max<std::int64_t>(slots_after, 0)) + B - 1) / B;
+    if (blocks_after <= blocks.size()) return;
+    reserve_geometric(blocks, blocks_after);
+    reserve_geometric(spare, blocks_after - blocks.size());
+    while (blocks.size() + spare.size() < blocks_after) spare.push_back(make_block(layout, proto));
+    if (evicts) {
+      reserve_geometric(valid, blocks_after * words_per_block(layout.tokens));
+      reserve_geometric(slot_token, blocks_after * B), reserve_geometric(slot_score, blocks_after * B);
+      reserve_geometric(free_slots, blocks_after * B);
+    }
+  }
+
   /// A free slot (reused first), growing the pool by one block of `layout` when needed.
   std::int64_t take_slot(const BlockLayout& layout, const BlockHeader& proto) {
     if (!free_slots.empty()) {
@@ -63,7 +91,7 @@ struct HeadStore {
     }
     const auto s = slots();
     if (s % layout.tokens == 0) {
-      blocks.push_back(make_block(layout, proto));
+      blocks.push_back(new_block(layout, proto));
       valid.resize(valid.size() + words_per_block(layout.tokens), 0);
     }
     slot_token.push_back(-1);

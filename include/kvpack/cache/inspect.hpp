@@ -112,7 +112,8 @@ template <class St, class Hook>
       total += H.blocks.size() * sizeof(BlockHeader) +
                static_cast<std::size_t>(std::count_if(H.blocks.begin(), H.blocks.end(), [](const auto& b) { return b.data != nullptr; })) *
                    st.layout().bytes +
-               H.valid.capacity() * sizeof(std::uint64_t) + (H.slot_token.capacity() + H.slot_score.capacity()) * 4;
+               H.valid.capacity() * sizeof(std::uint64_t) + (H.slot_token.capacity() + H.slot_score.capacity()) * 4 +
+               H.spare.size() * st.layout().bytes;
     total += (L.sink_k.capacity() + L.sink_v.capacity() + L.chunk_k.capacity() + L.chunk_v.capacity()) * sizeof(float) +
              L.sink_pos.capacity() * sizeof(std::int32_t) + L.pend.allocated_bytes();
   }

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kvpack/cache/alloc_guard.hpp"
 #include "kvpack/detail/secure_zero.hpp"
 
 namespace kvpack {
@@ -48,6 +49,13 @@ class PendingRows {
   /// Sets every live score of KV head h to zero.
   void clear_scores(int h) noexcept {
     for (std::int64_t i = 0; i < size(); ++i) score(i, h) = 0.f;
+  }
+
+  /// Makes room for n more rows, so that push(.., n) allocates nothing (may throw std::bad_alloc;
+  /// the rows held are unchanged either way).
+  void reserve(std::size_t n) {
+    reserve_geometric(k_, k_.size() + n * row_), reserve_geometric(v_, v_.size() + n * row_);
+    reserve_geometric(pos_, pos_.size() + n), reserve_geometric(score_, (pos_.size() + n) * heads_);
   }
 
   /// Appends n rows (k, v: [n][row_floats]; pos: [n]) with zero scores.

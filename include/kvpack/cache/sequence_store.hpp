@@ -99,6 +99,40 @@ class SequenceStore {
     }
   }
 
+  /// Allocates ahead everything appending n tokens to layer li can need in push and commit (the
+  /// chunk copy, sinks, pending rows, blocks and slot bookkeeping of every KV head), so that those
+  /// steps allocate nothing after it (KVCache::append's strong guarantee). The block count is the
+  /// commit rule's, exact without eviction; with eviction, the pool grows by the committed tokens
+  /// that find no free slot, capped at the hook's budget plus one unit (enforce frees slots as
+  /// commit goes). May throw std::bad_alloc, leaving the contents unchanged.
+  template <class Hook>
+  void reserve_append(int li, std::int64_t n, const Hook& hook) {
+    Layer& L = layer(li);
+    const std::size_t row = row_floats();
+    const auto nz = static_cast<std::size_t>(n);
+    reserve_geometric(L.chunk_k, nz * row), reserve_geometric(L.chunk_v, nz * row);
+    const auto to_sinks = static_cast<std::size_t>(std::clamp<std::int64_t>(SinkTokens - L.sinks_held, 0, n));
+    reserve_geometric(L.sink_k, L.sink_k.size() + to_sinks * row), reserve_geometric(L.sink_v, L.sink_v.size() + to_sinks * row);
+    reserve_geometric(L.sink_pos, L.sink_pos.size() + to_sinks);
+    L.pend.reserve(nz - to_sinks);
+    Codec::reserve_encode(shape_.head_dim);
+    constexpr std::int64_t unit = Codec::commit_unit;
+    const std::int64_t keep = std::max<std::int64_t>(ResidualTokens, hook.keep_exact(*this, li));
+    // Evicting caches commit the previous pending tokens before the push; the others after it.
+    const std::int64_t pending = L.pend.size() + (Evicts ? 0 : n - static_cast<std::int64_t>(to_sinks));
+    const std::int64_t n_commit = std::max<std::int64_t>(0, (pending - keep) / unit * unit);
+    for (HeadStore& H : L.heads) {
+      if constexpr (Evicts) {
+        std::int64_t after = H.slots() + std::max<std::int64_t>(0, n_commit - static_cast<std::int64_t>(H.free_slots.size()));
+        if constexpr (Hook::evicts_continuously)
+          if (hook.budget() > 0) after = std::min(after, std::max(H.slots(), hook.budget() + unit));
+        H.reserve_slots(after, true, layout_, proto_);
+      } else {
+        H.reserve_slots(L.committed + n_commit, false, layout_, proto_);
+      }
+    }
+  }
+
   /// Stores n appended tokens (k, v: [n][kv_heads][D]; pos: [n]): sinks first, then pending;
   /// keeps an exact copy as the latest chunk.
   void push(Layer& L, std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> pos) {
@@ -142,7 +176,7 @@ class SequenceStore {
           hook.on_commit(*this, li, h, slot, first_index + t0);
         } else {
           slot = L.committed;
-          if (slot % B == 0) H.blocks.push_back(make_block(layout_, proto_));
+          if (slot % B == 0) H.blocks.push_back(H.new_block(layout_, proto_));
         }
         Block& b = H.blocks[static_cast<std::size_t>(slot / B)];
         const auto off = static_cast<std::size_t>(slot % B);

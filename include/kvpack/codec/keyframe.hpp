@@ -3,7 +3,14 @@
 // wider integer code); each following token is stored as a quantized difference (DeltaCodec,
 // per-token groups along head_dim) against a reconstructed reference:
 //  * Anchor  -- the reconstructed keyframe: x̂_t = k̂ + d̂_t, d_t = x_t - k̂. Every token decodes with
-//               one addition (random access); the error of a token does not depend on its offset.
+//               one addition (random access). Error bound per value: |x̂_t - x_t| <= step(d_t) / 2
+//               (+ the fp32 rounding of the addition), step(d_t) being the stored DeltaCodec step
+//               of d_t's group, e.g. its range / 15 for asymmetric INT4. The keyframe's own error
+//               does not add up (d_t is taken against k̂), but the step does follow |d_t|: on
+//               drifting tokens (a random walk) d_t, hence the error, grows with the distance t
+//               from the keyframe (walk step 0.1, D 64, INT4: MSE 6.6e-5 at t = 1, 4.1e-4 at t = 7;
+//               tests/test_keyframe_hardening.cpp checks the bound per token). Only on stationary
+//               tokens (keyframe + i.i.d. noise) is the error independent of the offset.
 //  * Chained -- the previous reconstructed token: x̂_t = x̂_{t-1} + d̂_t, d_t = x_t - x̂_{t-1}.
 //               Closed loop: the encoder quantizes against what the decoder will hold, so
 //               quantization error does not accumulate along the interval; decoding token t needs
@@ -46,7 +53,8 @@ struct PlainOnly {
 };
 
 /// Delta / keyframe codec for a whole interval of tokens of one KV head (usable as the codec of
-/// Keys<> (per-token axis only) and Values<>). Interval must equal the cache's block size
+/// Keys<> (per-token axis only) and Values<>). Interval: any size in [2, 1024], powers of two or
+/// not (e.g. 10; tests/test_keyframe_hardening.cpp). Interval must equal the cache's block size
 /// (KVCache defaults Blocks<> to it), and the cache commits whole intervals: up to Interval - 1
 /// newest tokens wait in fp32 (counted by memory_bytes), like the incomplete group of KIVI keys.
 ///
@@ -71,8 +79,9 @@ struct PlainOnly {
 ///    the in-order streaming kernel.
 template <int Interval, KvCodec DeltaCodec, KvCodec KeyframeCodec = Fp16, class Ref = Anchor>
 struct Keyframe {
-  static_assert(Interval >= 8 && Interval <= 1024 && (Interval & (Interval - 1)) == 0,
-                "kvpack::Keyframe<Interval, ...>: Interval must be a power of two in [8, 1024] (a block holds one interval)");
+  static_assert(Interval >= 2 && Interval <= 1024,
+                "kvpack::Keyframe<Interval, ...>: Interval must be in [2, 1024] (a block holds one interval; "
+                "an interval of 1 would be all keyframes)");
   static_assert(std::is_same_v<Ref, Anchor> || std::is_same_v<Ref, Chained> || std::is_same_v<Ref, PlainOnly>,
                 "kvpack::Keyframe<..., Ref>: Ref must be kvpack::Anchor, kvpack::Chained or kvpack::PlainOnly");
   using keyframe_tag = void;  ///< marks keyframe codecs (is_keyframe_codec_v)
@@ -172,6 +181,15 @@ struct Keyframe {
     for (int t = 0; t < count; ++t) s.next(out + static_cast<std::size_t>(t) * static_cast<std::size_t>(D));
   }
 
+  /// Grows this thread's encode_interval buffer for head_dim D (4 rows of D floats, then two
+  /// copies of an interval's delta rows). May throw std::bad_alloc. The cache calls it before an
+  /// append changes anything (SequenceStore::reserve_append), so a commit allocates nothing.
+  static void reserve_encode(int D) {
+    const auto Dz = static_cast<std::size_t>(D);
+    const std::size_t need = 4 * Dz * sizeof(float) + 2 * static_cast<std::size_t>(Interval - 1) * delta_bytes(Dz);
+    if (encode_scratch().size() < need) encode_scratch().resize(need);
+  }
+
   /// Which mode to store an interval in.
   enum class Choice { best, force_delta, force_plain };
 
@@ -180,51 +198,62 @@ struct Keyframe {
   /// for plain mode. With Choice::best (the never-expand rule) both modes are coded and the one
   /// with the smaller total squared reconstruction error is kept (ties: plain); force_* are for
   /// measurements (Ref = PlainOnly always codes plain). `err2` (optional) receives the kept mode's sum of squared errors.
+  /// Its working memory comes from a thread-local buffer (reserve_encode), allocated only when
+  /// that buffer is too small: after reserve_encode(D) on the calling thread it allocates nothing.
   static bool encode_interval(const float* x, std::ptrdiff_t stride, int count, int D, std::byte* dst,
                               Choice choice = Choice::best, double* err2 = nullptr) {
     if constexpr (Ref::plain_only) choice = Choice::force_plain;
     const auto Dz = static_cast<std::size_t>(D);
     const std::size_t db = delta_bytes(Dz);
     encode_row<KeyframeCodec>(x, D, dst, dst + KeyframeCodec::code_bytes(Dz));
-    std::vector<float> key(Dz), ref(Dz), diff(Dz), rec(Dz);
-    decode_keyframe(dst, D, key.data());
+    reserve_encode(D);
+    auto* key = reinterpret_cast<float*>(encode_scratch().data());
+    float *ref = key + Dz, *diff = ref + Dz, *rec = diff + Dz;
+    decode_keyframe(dst, D, key);
     double kf_err = 0;
     for (std::size_t d = 0; d < Dz; ++d) kf_err += sq(static_cast<double>(x[d]) - key[d]);
     // Delta mode into a temporary, plain mode into another; keep one.
-    std::vector<std::byte> delta_rows((static_cast<std::size_t>(count) - 1) * db), plain_rows(delta_rows.size());
+    const std::size_t rows_bytes = (static_cast<std::size_t>(count) - 1) * db;
+    std::byte* delta_rows = encode_scratch().data() + 4 * Dz * sizeof(float);
+    std::byte* plain_rows = delta_rows + rows_bytes;
     double e_delta = 0, e_plain = 0;
     if (choice != Choice::force_plain) {
-      ref = key;
+      std::copy(key, key + Dz, ref);
       for (int t = 1; t < count; ++t) {
         const float* xt = x + t * stride;
         for (std::size_t d = 0; d < Dz; ++d) diff[d] = xt[d] - ref[d];
-        std::byte* r = delta_rows.data() + static_cast<std::size_t>(t - 1) * db;
-        encode_row<DeltaCodec>(diff.data(), D, r, r + DeltaCodec::code_bytes(Dz));
-        decode_row<DeltaCodec>(r, r + DeltaCodec::code_bytes(Dz), D, rec.data());
+        std::byte* r = delta_rows + static_cast<std::size_t>(t - 1) * db;
+        encode_row<DeltaCodec>(diff, D, r, r + DeltaCodec::code_bytes(Dz));
+        decode_row<DeltaCodec>(r, r + DeltaCodec::code_bytes(Dz), D, rec);
         for (std::size_t d = 0; d < Dz; ++d) {
           rec[d] = add(ref[d], rec[d]);
           e_delta += sq(static_cast<double>(xt[d]) - rec[d]);
         }
-        if constexpr (chained) ref = rec;
+        if constexpr (chained) std::copy(rec, rec + Dz, ref);
       }
     }
     if (choice != Choice::force_delta) {
       for (int t = 1; t < count; ++t) {
         const float* xt = x + t * stride;
-        std::byte* r = plain_rows.data() + static_cast<std::size_t>(t - 1) * db;
+        std::byte* r = plain_rows + static_cast<std::size_t>(t - 1) * db;
         encode_row<DeltaCodec>(xt, D, r, r + DeltaCodec::code_bytes(Dz));
-        decode_row<DeltaCodec>(r, r + DeltaCodec::code_bytes(Dz), D, rec.data());
+        decode_row<DeltaCodec>(r, r + DeltaCodec::code_bytes(Dz), D, rec);
         for (std::size_t d = 0; d < Dz; ++d) e_plain += sq(static_cast<double>(xt[d]) - rec[d]);
       }
     }
     const bool use_delta = choice == Choice::force_delta || (choice == Choice::best && e_delta < e_plain);
-    const auto& rows = use_delta ? delta_rows : plain_rows;
-    std::copy(rows.begin(), rows.end(), dst + keyframe_bytes(Dz));
+    const std::byte* rows = use_delta ? delta_rows : plain_rows;
+    std::copy(rows, rows + rows_bytes, dst + keyframe_bytes(Dz));
     if (err2) *err2 = kf_err + (use_delta ? e_delta : e_plain);
     return use_delta;
   }
 
  private:
+  // encode_interval's working memory, per thread (max_align_t-aligned: new'd storage).
+  [[nodiscard]] static std::vector<std::byte>& encode_scratch() {
+    thread_local std::vector<std::byte> buf;
+    return buf;
+  }
   // The reconstruction addition (reference + decoded delta): one rounding, shared by the encoder
   // and every decoder so reconstructions are bit-identical (tests/test_keyframe_codec.cpp).
   [[nodiscard]] static float add(float a, float b) noexcept { return a + b; }

@@ -171,6 +171,7 @@ class SnapKVHook : public HookDefaults {
   // Remembers the latest queries (up to the observation window); first = cache index of q's row 0.
   void remember(LayerState& S, std::span<const float> q, std::int64_t first) {
     const auto have = static_cast<std::int64_t>(S.obs_q.size() / q_row());
+    S.obs_q.reserve(S.obs_q.size() + q.size());  // the only allocation, before any change (attend's strong guarantee)
     if (have == 0 || S.obs_first + have != first) {  // not contiguous with what we had: restart
       S.obs_q.clear();
       S.obs_first = first;

@@ -1,0 +1,187 @@
+// Issue 23 item 3: allocation failure. KVCache::create with layers = 1 << 30 used to abort the
+// process with an uncaught std::bad_alloc; now every allocation reachable from create, append and
+// attend that fails gives Errc::out_of_memory, and a failed call leaves the cache as it was.
+//
+// Fault injection: this file replaces global operator new (so it has an executable of its own:
+// KVPACK_SOLO_TEST_REGEX in tests/CMakeLists.txt). Armed with N, the N-th allocation throws
+// std::bad_alloc, once. For N = 1, 2, ... a create + prefill + attend + decode + chunk sequence
+// runs with the fault armed; each call must succeed or return Errc::out_of_memory with the cache
+// unchanged (read_back of every head, tokens, memory_bytes), the failed call then succeeds when
+// repeated, and at the end every attention output and the cache contents equal a run without
+// faults, bit for bit. The sweep ends at the first N that the whole sequence never reaches.
+// Caches: quantized with sinks and a residual window, H2O eviction, keyframe intervals; each on
+// the scalar kernel and the build's SIMD kernel (Backend<Auto>: AVX2, NEON).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "kvpack/kvpack.hpp"
+#include "support/reference.hpp"
+
+namespace {
+long g_countdown = 0;  // while armed and > 0: the allocation that brings it to 0 throws (once)
+bool g_armed = false;  // counting only inside kvpack calls (single-threaded test)
+bool g_fired = false;
+
+void* counted_alloc(std::size_t n) {
+  if (g_armed && g_countdown > 0 && --g_countdown == 0) {
+    g_fired = true;
+    throw std::bad_alloc();
+  }
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+}  // namespace
+
+void* operator new(std::size_t n) { return counted_alloc(n); }
+void* operator new[](std::size_t n) { return counted_alloc(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
+namespace {
+
+using namespace kvpack;  // NOLINT: test file
+
+struct Arm {  // counts allocations toward the fault for the scope of one call
+  explicit Arm(bool on) { g_armed = on; }
+  ~Arm() { g_armed = false; }
+};
+
+const ModelShape kShape{.layers = 2, .q_heads = 4, .kv_heads = 2, .head_dim = 32, .max_tokens = 256};
+
+struct Snapshot {
+  std::vector<HeadContents> heads;
+  std::vector<int64_t> tokens;
+  size_t bytes = 0;
+  bool operator==(const Snapshot& o) const {
+    if (tokens != o.tokens || bytes != o.bytes || heads.size() != o.heads.size()) return false;
+    for (size_t i = 0; i < heads.size(); ++i)
+      if (heads[i].k != o.heads[i].k || heads[i].v != o.heads[i].v || heads[i].positions != o.heads[i].positions ||
+          heads[i].indices != o.heads[i].indices)
+        return false;
+    return true;
+  }
+};
+
+template <class Cache>
+Snapshot snapshot(const Cache& c) {
+  Snapshot s;
+  for (int l = 0; l < kShape.layers; ++l) {
+    s.tokens.push_back(c.tokens(l));
+    for (int h = 0; h < kShape.kv_heads; ++h) s.heads.push_back(c.read_back(l, h).value());
+  }
+  s.bytes = c.memory_bytes();
+  return s;
+}
+
+// One call of the sequence: an append of n tokens, or an attend of the last n_q, on one layer.
+struct Op {
+  bool append;
+  int layer, n;
+  uint32_t seed;
+};
+std::vector<Op> sequence() {
+  std::vector<Op> ops;
+  uint32_t seed = 1;
+  for (int l = 0; l < kShape.layers; ++l) ops.push_back({true, l, 37, seed++}), ops.push_back({false, l, 37, seed++});
+  for (int step = 0; step < 5; ++step)
+    for (int l = 0; l < kShape.layers; ++l) ops.push_back({true, l, 1, seed++}), ops.push_back({false, l, 1, seed++});
+  for (int l = 0; l < kShape.layers; ++l) ops.push_back({true, l, 20, seed++}), ops.push_back({false, l, 3, seed++});
+  return ops;
+}
+
+// Runs one op (inputs made before arming, so only kvpack's allocations count).
+template <class Cache>
+Status run_op(Cache& c, const Op& op, std::vector<float>& out, bool arm) {
+  const size_t row = static_cast<size_t>(kShape.kv_heads) * kShape.head_dim, qrow = static_cast<size_t>(kShape.q_heads) * kShape.head_dim;
+  if (op.append) {
+    const auto k = kvtest::normal(static_cast<size_t>(op.n) * row, op.seed), v = kvtest::normal(k.size(), op.seed + 1000);
+    const auto pos = kvtest::iota_positions(c.tokens(op.layer), op.n);
+    Arm a(arm);
+    return c.append(op.layer, k, v, pos);
+  }
+  const auto q = kvtest::normal(static_cast<size_t>(op.n) * qrow, op.seed, 0.5f);
+  out.assign(q.size(), 0.f);
+  Arm a(arm);
+  return c.attend(op.layer, q, out);
+}
+
+template <class Cache>
+class AllocFault : public ::testing::Test {};
+using FaultCaches =
+    ::testing::Types<KVCache<Keys<Int8<>>, Values<Int4<>>, Sinks<2>, Residual<5>, Blocks<16>, Backend<Scalar>>,
+                     KVCache<Keys<Int8<>>, Values<Int4<>>, Sinks<2>, Residual<5>, Blocks<16>, Backend<Auto>>,
+                     KVCache<Keys<Int8<>>, Values<Int8<>>, H2O<12, 8, 2>, Blocks<16>, Backend<Scalar>>,
+                     KVCache<Keys<Int8<>>, Values<Int8<>>, H2O<12, 8, 2>, Blocks<16>, Backend<Auto>>,
+                     KVCache<Keys<Keyframe<8, Int4<>, Fp16>>, Values<Fp16>, Backend<Scalar>>,
+                     KVCache<Keys<Keyframe<8, Int4<>, Fp16>>, Values<Fp16>, Backend<Auto>>>;
+TYPED_TEST_SUITE(AllocFault, FaultCaches);
+
+TYPED_TEST(AllocFault, EveryFailedAllocationIsAnErrorAndChangesNothing) {
+  const auto ops = sequence();
+  // The run without faults.
+  auto clean = TypeParam::create(kShape).value();
+  std::vector<std::vector<float>> want;
+  for (const Op& op : ops) {
+    std::vector<float> out;
+    ASSERT_TRUE(run_op(clean, op, out, false));
+    want.push_back(out);
+  }
+  const Snapshot want_end = snapshot(clean);
+
+  int injected = 0;
+  for (long n = 1;; ++n) {
+    g_countdown = n;
+    g_fired = false;
+    Result<TypeParam> made = [&] {
+      Arm a(true);
+      return TypeParam::create(kShape);
+    }();
+    if (!made) {
+      ASSERT_TRUE(g_fired) << made.error().message;
+      EXPECT_EQ(made.error().code, Errc::out_of_memory) << made.error().message;
+      ++injected;
+      continue;
+    }
+    TypeParam c = std::move(made).value();
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const bool fired_before = g_fired;
+      const Snapshot before = fired_before ? Snapshot{} : snapshot(c);
+      std::vector<float> out;
+      Status st = run_op(c, ops[i], out, true);
+      if (!st) {
+        ASSERT_TRUE(g_fired && !fired_before) << "op " << i << " failed without a fault: " << st.error().message;
+        ASSERT_EQ(st.error().code, Errc::out_of_memory) << "op " << i << ": " << st.error().message;
+        EXPECT_TRUE(snapshot(c) == before) << "op " << i << " (fault at allocation " << n << ") changed the cache";
+        st = run_op(c, ops[i], out, false);  // the same call again, no fault
+        ASSERT_TRUE(st) << "op " << i << " after a failed attempt: " << st.error().message;
+        ++injected;
+      }
+      if (!ops[i].append) {
+        ASSERT_EQ(out, want[i]) << "op " << i << " (fault at allocation " << n << ")";
+      }
+    }
+    EXPECT_TRUE(snapshot(c) == want_end) << "fault at allocation " << n;
+    if (!g_fired) break;  // the sequence needs fewer than n allocations: every point was tried
+  }
+  EXPECT_GT(injected, 10) << "the sweep must hit create, append and attend";
+}
+
+TEST(AllocFaultCreate, AbsurdLayerCountIsAnErrorNamingTheBytes) {
+  using Cache = KVCache<Keys<Int8<>>, Values<Int4<>>>;
+  ModelShape s = kShape;
+  s.layers = 1 << 30;
+  auto r = Cache::create(s);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Errc::out_of_memory);
+  EXPECT_NE(r.error().message.find("bytes requested"), std::string::npos) << r.error().message;
+  // The process goes on; a sane cache still works.
+  EXPECT_TRUE(Cache::create(kShape));
+}
+
+}  // namespace
