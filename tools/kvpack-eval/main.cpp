@@ -50,8 +50,11 @@ int run(int argc, char** argv) {
     names = kl::policy_names(true);
   } else {
     std::stringstream ss(args.policies);
-    for (std::string p; std::getline(ss, p, ',');)
-      if (!p.empty()) names.push_back(p);
+    for (std::string p; std::getline(ss, p, ',');) {
+      const auto group = kl::policy_group(p);  // a group name (equal-memory) expands to its policies
+      if (!group.empty()) names.insert(names.end(), group.begin(), group.end());
+      else if (!p.empty()) names.push_back(p);
+    }
   }
   for (const auto& n : names)
     if (!kl::has_policy(n)) {

@@ -119,6 +119,9 @@ struct RunInfo {
   if (opt.text.empty()) j["passage"] = run.passage;
   j["threads"] = omp_get_max_threads();
   j["kl"] = "KL(fp32 cache || policy), nats per scored token";
+  // An fp16 cache of the same tokens: K and V, 2 bytes per value, every token seen (the first
+  // window's kv_tokens), as kv_values counts values (fp32's kv_values = tokens x layers x heads x D x 2).
+  const double fp16_bytes = base.kv_tokens ? 2.0 * double(base.kv_values) : 0.0;
   for (const auto& s : stats) {
     nlohmann::json p = {{"name", s.name},
                         {"key_bits_per_value", s.key_bits},
@@ -126,6 +129,10 @@ struct RunInfo {
                         {"measured_bits_per_value", s.bits_per_value()},
                         {"kv_bytes", s.kv_bytes},
                         {"kv_bytes_at_tokens", s.kv_tokens},
+                        {"protocol", s.protocol},
+                        {"tokens_after_prompt", s.tokens_after_prompt},
+                        {"tokens_at_end", s.tokens_at_end},
+                        {"kv_fraction_of_fp16", fp16_bytes ? double(s.kv_bytes) / double(fp16_bytes) : 0.0},
                         {"ppl", s.ppl()},
                         {"delta_ppl_percent", 100 * (s.ppl() / base.ppl() - 1)},
                         {"kl_mean", s.kl_mean()},

@@ -10,6 +10,30 @@
 
 namespace kvpack_eval {
 
+/// Tokens held per (layer, KV head), the mean over all of them (tokens() for caches that do not evict).
+template <class Cache>
+double mean_held(const Cache& c, int layers, int kv_heads) {
+  double sum = 0;
+  int cells = 0;
+  for (int l = 0; l < layers; ++l)
+    for (int h = 0; h < kv_heads; ++h, ++cells) {
+      if constexpr (requires { c.held_tokens(l, h); }) sum += double(c.held_tokens(l, h));
+      else sum += double(c.tokens(l));
+    }
+  return cells ? sum / cells : 0;
+}
+
+/// The eviction protocol of `Cache`: Protocol<P, Proto>'s ("prompt-once", "fixed-budget"); for the
+/// other policies "prompt-once" (SnapKV, SnapKVBudget), "context-budget" (a budget of the
+/// context, ModelShape::max_tokens, held as tokens arrive) or "none".
+template <class Cache>
+std::string protocol_name() {
+  if constexpr (requires { Cache::eviction_policy::protocol::name; }) return Cache::eviction_policy::protocol::name;
+  else if constexpr (requires { requires Cache::evicts_continuously; }) return "context-budget";
+  else if constexpr (requires { requires Cache::evicts; }) return "prompt-once";
+  else return "none";
+}
+
 template <class Cache>
 kvpack::Status Evaluator::score(PolicyStats& st, const Window& w, bool baseline, bool first_window, Progress& prog,
                                 KvDump* dump) {
@@ -71,16 +95,22 @@ kvpack::Status Evaluator::score(PolicyStats& st, const Window& w, bool baseline,
     scoring_s += seconds_since(t0);
   };
   const auto t0 = Clock::now();
-  // Context (tokens before first_row) prefilled, compressed by SnapKV caches, then scored.
-  auto s = kl::run_prefill_then_score(
-      m_, *cache, w.tokens, w.first_row, w.first_row, opt_.chunk, on_logits,
-      [&, done = int64_t{0}](int64_t e) mutable {
-        prog.advance(e - done);
-        done = e;
-        if constexpr (std::is_same_v<Cache, PlanCache>)
-          if (plan_hook && hook_status) hook_status = plan_hook(*cache, e, n);
-      },
-      dump ? dump->tap() : (std::is_same_v<Cache, PlanCache> && kv_tap ? kv_tap : kl::KvTap{}));
+  // Context (tokens before first_row) prefilled, its end signalled to the cache (SnapKV and
+  // Protocol<> caches compress the prompt; kl::run_prefill_then_score's steps, with the tokens held
+  // in between recorded), then scored.
+  auto on_chunk = [&, done = int64_t{0}](int64_t e) mutable {
+    prog.advance(e - done);
+    done = e;
+    if constexpr (std::is_same_v<Cache, PlanCache>)
+      if (plan_hook && hook_status) hook_status = plan_hook(*cache, e, n);
+  };
+  const kl::KvTap tap = dump ? dump->tap() : (std::is_same_v<Cache, PlanCache> && kv_tap ? kv_tap : kl::KvTap{});
+  auto s = kl::run_range(m_, *cache, w.tokens, 0, w.first_row, w.first_row, opt_.chunk, on_logits, on_chunk, tap);
+  if (s) {
+    kl::compress_prompt_if_snapkv(*cache, m_.cfg.layers);
+    if (first_window) st.tokens_after_prompt = mean_held(*cache, m_.cfg.layers, m_.cfg.kv_heads);
+    s = kl::run_range(m_, *cache, w.tokens, w.first_row, n, w.first_row, opt_.chunk, on_logits, on_chunk, tap);
+  }
   if (!s) return s;
   if (!hook_status) return hook_status;
   st.prefill_s += seconds_since(t0) - scoring_s;
@@ -89,6 +119,8 @@ kvpack::Status Evaluator::score(PolicyStats& st, const Window& w, bool baseline,
   if (!first_window) return kl::collect_offload(*cache, st.offload);
   st.kv_bytes = cache->memory_bytes();
   st.kv_tokens = n;
+  st.tokens_at_end = mean_held(*cache, m_.cfg.layers, m_.cfg.kv_heads);
+  st.protocol = protocol_name<Cache>();
   st.kv_values = 0;
   for (int l = 0; l < m_.cfg.layers; ++l)
     for (int h = 0; h < m_.cfg.kv_heads; ++h) {  // tokens held after eviction, where a policy evicts

@@ -31,6 +31,9 @@ struct PolicyStats {
   size_t kv_bytes = 0;      // memory_bytes() after the first window
   int64_t kv_values = 0;    // K and V values held then
   int64_t kv_tokens = 0;
+  std::string protocol;            // eviction protocol (protocol_name)
+  double tokens_after_prompt = 0;  // tokens held per (layer, KV head), mean, after the context's end (first window)
+  double tokens_at_end = 0;        // the same at the end of scoring (first window)
   std::vector<NeedleResult> needle;
   kl::OffloadReport offload;  // Offload<> policies only
 

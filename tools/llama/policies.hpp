@@ -139,6 +139,36 @@ using Registry = PolicyList<
     Policy<"int4-g32+snapkv-25-k9", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SnapKVBudget<Fraction<1, 4>, 32, 9>>, false>,
     // Not run by default: the engine's own cache without kvpack, and a destructive cache (every V
     // stored as zero) that proves the cache is in the path of every scored token.
+    // Issue 24, the equal-memory group (--policies equal-memory): every eviction policy at 50 % / 25 %
+    // of the prompt under both protocols (Protocol<P, PromptOnce | FixedBudget>), alone and over INT4.
+    Policy<"sink-window-50-prompt", KVCache<Protocol<SinkWindowBudget<Fraction<1, 2>>, PromptOnce>>, false>,
+    Policy<"sink-window-50-fixed", KVCache<Protocol<SinkWindowBudget<Fraction<1, 2>>, FixedBudget>>, false>,
+    Policy<"sink-window-25-prompt", KVCache<Protocol<SinkWindowBudget<Fraction<1, 4>>, PromptOnce>>, false>,
+    Policy<"sink-window-25-fixed", KVCache<Protocol<SinkWindowBudget<Fraction<1, 4>>, FixedBudget>>, false>,
+    Policy<"h2o-50-prompt", KVCache<Protocol<H2OBudget<Fraction<1, 2>>, PromptOnce>>, false>,
+    Policy<"h2o-50-fixed", KVCache<Protocol<H2OBudget<Fraction<1, 2>>, FixedBudget>>, false>,
+    Policy<"h2o-25-prompt", KVCache<Protocol<H2OBudget<Fraction<1, 4>>, PromptOnce>>, false>,
+    Policy<"h2o-25-fixed", KVCache<Protocol<H2OBudget<Fraction<1, 4>>, FixedBudget>>, false>,
+    Policy<"snapkv-50-prompt", KVCache<Protocol<SnapKVBudget<Fraction<1, 2>>, PromptOnce>>, false>,
+    Policy<"snapkv-50-fixed", KVCache<Protocol<SnapKVBudget<Fraction<1, 2>>, FixedBudget>>, false>,
+    Policy<"snapkv-25-prompt", KVCache<Protocol<SnapKVBudget<Fraction<1, 4>>, PromptOnce>>, false>,
+    Policy<"snapkv-25-fixed", KVCache<Protocol<SnapKVBudget<Fraction<1, 4>>, FixedBudget>>, false>,
+    Policy<"block-sparse-50-prompt", KVCache<Protocol<BlockSparse<Fraction<1, 2>, 32>, PromptOnce>>, false>,
+    Policy<"block-sparse-50-fixed", KVCache<Protocol<BlockSparse<Fraction<1, 2>, 32>, FixedBudget>>, false>,
+    Policy<"block-sparse-25-prompt", KVCache<Protocol<BlockSparse<Fraction<1, 4>, 32>, PromptOnce>>, false>,
+    Policy<"block-sparse-25-fixed", KVCache<Protocol<BlockSparse<Fraction<1, 4>, 32>, FixedBudget>>, false>,
+    Policy<"int4-g32+h2o-50-prompt", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 2>>, PromptOnce>>, false>,
+    Policy<"int4-g32+h2o-50-fixed", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 2>>, FixedBudget>>, false>,
+    Policy<"int4-g32+h2o-25-prompt", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 4>>, PromptOnce>>, false>,
+    Policy<"int4-g32+h2o-25-fixed", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 4>>, FixedBudget>>, false>,
+    Policy<"int4-g32+snapkv-50-prompt", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<SnapKVBudget<Fraction<1, 2>>, PromptOnce>>, false>,
+    Policy<"int4-g32+snapkv-50-fixed", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<SnapKVBudget<Fraction<1, 2>>, FixedBudget>>, false>,
+    Policy<"int4-g32+snapkv-25-prompt", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<SnapKVBudget<Fraction<1, 4>>, PromptOnce>>, false>,
+    Policy<"int4-g32+snapkv-25-fixed", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<SnapKVBudget<Fraction<1, 4>>, FixedBudget>>, false>,
+    Policy<"int4-g32+sink-window-50-prompt", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<SinkWindowBudget<Fraction<1, 2>>, PromptOnce>>, false>,
+    Policy<"int4-g32+sink-window-50-fixed", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<SinkWindowBudget<Fraction<1, 2>>, FixedBudget>>, false>,
+    Policy<"int4-g32+sink-window-25-prompt", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<SinkWindowBudget<Fraction<1, 4>>, PromptOnce>>, false>,
+    Policy<"int4-g32+sink-window-25-fixed", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<SinkWindowBudget<Fraction<1, 4>>, FixedBudget>>, false>,
     Policy<"reference", ReferenceCache, false>,
     Policy<"zero-v", ZeroValues<KVCache<Keys<Fp32>, Values<Fp32>>>, false>>;
 
@@ -168,6 +198,17 @@ using cache_for = typename detail::find_in<Name, Registry>::type;
   [&]<class... Ps>(PolicyList<Ps...>) {
     (..., (defaults_only && !Ps::in_defaults ? void() : void(out.emplace_back(Ps::name))));
   }(Registry{});
+  return out;
+}
+
+/// Policy groups `--policies` expands: `equal-memory` (issue 24; fp32, fp16, int4-g32 and every
+/// "*-prompt" / "*-fixed" protocol row: deletion alone and over INT4 at 50 % and 25 % of the prompt).
+[[nodiscard]] inline std::vector<std::string> policy_group(std::string_view group) {
+  std::vector<std::string> out;
+  if (group != "equal-memory") return out;
+  out = {"fp32", "fp16", "int4-g32"};
+  for (const auto& n : policy_names(false))
+    if (n.ends_with("-prompt") || n.ends_with("-fixed")) out.push_back(n);
   return out;
 }
 

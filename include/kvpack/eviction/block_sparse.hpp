@@ -42,6 +42,9 @@ class BlockSparseHook : public HookDefaults {
     for (Mask& m : masks_) m = {};
   }
   [[nodiscard]] std::int64_t budget() const noexcept { return budget_; }
+  /// Sets the budget to `b` tokens (the protocol wrapper, eviction/protocol.hpp, resolves it
+  /// against the prompt when the prompt ends).
+  void set_budget(std::int64_t b) noexcept { budget_ = b; }
 
   /// A new block is live.
   template <class St>

@@ -18,6 +18,7 @@
 #include "kvpack/eviction/block_sparse.hpp"
 #include "kvpack/eviction/h2o.hpp"
 #include "kvpack/eviction/hook.hpp"
+#include "kvpack/eviction/protocol.hpp"
 #include "kvpack/eviction/sink_window.hpp"
 #include "kvpack/eviction/snapkv.hpp"
 #include "kvpack/eviction/tova.hpp"

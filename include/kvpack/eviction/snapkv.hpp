@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "kvpack/detail/secure_zero.hpp"
 #include "kvpack/eviction/budget.hpp"
 #include "kvpack/eviction/hook.hpp"
+#include "kvpack/eviction/protocol_tags.hpp"
 #include "kvpack/eviction/snapkv_select.hpp"
 #include "kvpack/policy.hpp"
 
@@ -26,10 +28,17 @@ enum class GroupAggregate { mean, max };
 
 namespace eviction {
 /// SnapKV's hook. Per layer: the observation window's queries ([n][q_heads][D], the latest
-/// contiguous ones, at most Window) and whether the prompt was compressed.
-template <class P>
+/// contiguous ones, at most Window) and whether the prompt was compressed. Proto (PromptOnce or
+/// FixedBudget, eviction/protocol_tags.hpp) says what happens after the prompt: PromptOnce lets
+/// the cache grow (SnapKV's protocol); FixedBudget holds the compressed size through decoding,
+/// evicting the lowest score outside the newest Window tokens, where a token's score is its SnapKV
+/// score (prompt tokens) plus the attention mass it receives after compression (as H2O's).
+template <class P, class Proto = PromptOnce>
 class SnapKVHook : public HookDefaults {
  public:
+  static constexpr bool fixed = std::is_same_v<Proto, FixedBudget>;
+  static constexpr bool wants_mass = fixed;
+  static constexpr bool evicts_continuously = fixed;
   void init(const ModelShape& shape) {
     shape_ = shape;
     budget_ = P::fixed_budget;
@@ -53,6 +62,9 @@ class SnapKVHook : public HookDefaults {
   [[nodiscard]] std::int64_t held_after(const St& st, int li, std::int64_t n) const noexcept {
     const auto& L = st.layer(li);
     const std::int64_t plain = st.held(L) + n;
+    if (fixed && layer(li).compressed)
+      return std::min(plain, std::max<std::int64_t>(budget_, std::int64_t{St::sink_tokens} +
+                                                                 std::max<std::int64_t>(P::window, St::residual_tokens + n)));
     if (!compresses_on(li, L.total, n)) return plain;
     return std::min(plain, std::int64_t{St::sink_tokens} + P::held_after_compression(L.total) + St::residual_tokens + 1);
   }
@@ -69,6 +81,7 @@ class SnapKVHook : public HookDefaults {
     if (S.compressed || n != 1) return {};
     if (!compresses_on(li, st.layer(li).total, n)) {
       S.compressed = true;  // prompt phase over: nothing to compress, the window commits normally
+      if (fixed) budget_ = P::held_after_compression(st.layer(li).total);  // held from now on
       detail::wipe_vector(S.obs_q);
       return {};
     }
@@ -80,6 +93,38 @@ class SnapKVHook : public HookDefaults {
                       "on the prompt's last tokens first");
     compress(st, ws, li);
     return {};
+  }
+  /// FixedBudget, after the prompt phase: evicts the lowest-scored token older than the newest
+  /// Window tokens (the oldest on ties) until sinks + live + pend tokens fit the budget.
+  template <class St>
+  void enforce(St& st, int li, int h, std::int64_t pend) {
+    if constexpr (fixed) {
+      if (!layer(li).compressed || selecting_) return;
+      auto& L = st.layer(li);
+      HeadStore& H = L.heads[static_cast<std::size_t>(h)];
+      const std::int64_t recent_from = L.total - P::window;
+      while (L.sinks_held + H.live + pend > budget_) {
+        std::int64_t victim = -1;
+        for (std::size_t s = 0; s < H.slot_token.size(); ++s) {
+          const std::int32_t tok = H.slot_token[s];
+          if (tok < 0 || tok >= recent_from) continue;
+          const auto v = static_cast<std::size_t>(victim);
+          if (victim < 0 || H.slot_score[s] < H.slot_score[v] || (H.slot_score[s] == H.slot_score[v] && tok < H.slot_token[v]))
+            victim = static_cast<std::int64_t>(s);
+        }
+        if (victim < 0) break;
+        H.evict_slot(victim, st.layout());
+      }
+    } else {
+      (void)st, (void)li, (void)h, (void)pend;
+    }
+  }
+  /// FixedBudget: the attention mass of decoding adds to the SnapKV scores (compress() resets
+  /// the scores, so prefill mass never counts).
+  template <class St>
+  void on_mass(St& st, int li, int h, const kernels::HeadSegments& seg, std::span<const float> mass) {
+    if constexpr (fixed) credit_mass(st, li, h, seg, mass, Credit::add);
+    else (void)st, (void)li, (void)h, (void)seg, (void)mass;
   }
   template <class St>
   void on_queries(St& st, int li, std::span<const float> q, std::int64_t n_q) {
@@ -174,7 +219,9 @@ class SnapKVHook : public HookDefaults {
     const std::int64_t kept_total = P::held_after_compression(L.total);
     budget_ = kept_total;
     S.compressed = true;  // set first: commit() then no longer holds the window back
+    selecting_ = true;     // FixedBudget: no eviction while the prompt commits; the selection below decides
     st.commit(li, *this);  // the prompt's pending tokens take slots (carrying their scores) before selection
+    selecting_ = false;
     const std::int64_t window_from = L.total - P::window;
     for (HeadStore& H : L.heads) {
       std::vector<std::pair<std::int32_t, std::int32_t>> cand;  // (token, slot) outside the window
@@ -196,6 +243,7 @@ class SnapKVHook : public HookDefaults {
   ModelShape shape_;
   std::int64_t budget_ = 0;  // Budget + Window, or the latest compression's kept tokens per KV head
   std::vector<LayerState> layers_;
+  bool selecting_ = false;  // compress() is committing the prompt before its selection
 };
 }  // namespace eviction
 

@@ -33,6 +33,12 @@ class TokenBudgetHook : public HookDefaults {
     recent_ = P::recent_for(budget_);
   }
   [[nodiscard]] std::int64_t budget() const noexcept { return budget_; }
+  /// Sets the budget to `b` tokens (and the recent window to P::recent_for(b)): the protocol
+  /// wrapper (eviction/protocol.hpp) resolves a budget against the prompt when it ends.
+  void set_budget(std::int64_t b) noexcept {
+    budget_ = b;
+    recent_ = P::recent_for(b);
+  }
 
   /// Evicts until sinks + live + pend pending tokens fit the budget, or only sinks, recent and
   /// pending tokens are left: at most max(Sinks<N>, policy sinks) + max(recent, residual + n)
