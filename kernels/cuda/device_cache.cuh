@@ -84,12 +84,9 @@ class DeviceCache {
   using key_codec = typename HostCache::key_codec;
   using value_codec = typename HostCache::value_codec;
   static constexpr int block_tokens = HostCache::block_tokens;
-  static_assert(key_codec::bits >= 4 && value_codec::bits >= 4,
-                "kvpack::cuda::DeviceCache: INT3/INT2 codecs (Int3<>, Int2<>) have no CUDA kernels yet; "
-                "2- and 3-bit caches stay on the host (scalar, AVX2, NEON)");
   static_assert(DeviceCodec<key_codec>::supported && DeviceCodec<value_codec>::supported,
                 "kvpack::cuda::DeviceCache: the CUDA kernels need grouped codecs for K and V "
-                "(Int8<>, Int4<>, Fp8E4M3<>, Fp8E5M2<>); Fp32/Fp16 caches stay on the host");
+                "(Int8<>, Int4<>, Fp8E4M3<>, Fp8E5M2<>); Fp32/Fp16 and INT3/INT2 caches stay on the host");
   static_assert(!HostCache::keys_per_channel,
                 "kvpack::cuda::DeviceCache: per-channel keys (Keys<Codec, PerChannel>) are not implemented on the "
                 "device; use per-token keys");
