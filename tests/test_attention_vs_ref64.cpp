@@ -21,7 +21,7 @@ using Caches = ::testing::Types<
     KVCache<Keys<Int4<>, PerChannel>, Values<Int4<>>, Residual<16>>,
     KVCache<Keys<Int8<Group<32>>, PerChannel>, Values<Int4<>>, Sinks<4>, Residual<8>, Blocks<32>>,
     KVCache<Keys<Int8<>>, Values<Int4<>>, Sinks<3>, Residual<5>, Blocks<16>>,
-    KVCache<Keys<Int2<>, PerChannel>, Values<Int2<>>, Residual<16>>, KVCache<Keys<Int3<>>, Values<Int3<Group<64>>>>>;
+    KVCache<Keys<Int2<>, PerChannel>, Values<Int2<>>, Residual<16>>, KVCache<Keys<Int3<>>, Values<Int3<Group<16>>>>>;
 TYPED_TEST_SUITE(AttentionVsRef64, Caches);
 
 // Prefill in odd chunks, then decode steps; every attend is checked.
