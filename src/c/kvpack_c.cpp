@@ -18,7 +18,8 @@
 #include "kvpack/registry/registry.hpp"
 
 // Handle shells. A destroyed handle keeps its shell with `magic` set to kDead, so a later call with
-// it is detected instead of reading freed memory (the shells are deliberately never freed).
+// it is detected instead of reading freed memory: the shells are kept, reachable, in a process-wide
+// list (keep_tombstone) and freed only at exit, so leak checkers see no leak.
 struct kvpack_pool {
   std::uint64_t magic = 0;
   std::unique_ptr<kvpack::registry::AnyPool> pool;
@@ -37,6 +38,21 @@ constexpr std::uint64_t kWsMagic = 0x6b767061636b5753ULL;    // "kvpackWS"
 constexpr std::uint64_t kDead = 0xdeaddeaddeaddeadULL;
 
 thread_local std::string g_last_error;
+
+// Keeps a destroyed handle's shell alive until exit (see the handle shells above).
+template <class Shell>
+void keep_tombstone(Shell* shell) noexcept {
+  static std::mutex mutex;
+  static std::vector<std::unique_ptr<Shell>> dead;
+  try {
+    std::lock_guard lock(mutex);
+    if (dead.size() == dead.capacity()) dead.reserve(2 * dead.size() + 8);  // emplace_back cannot throw
+    dead.emplace_back(shell);
+  } catch (...) {
+    // Out of memory: the shell stays allocated and unreachable (a leak of one shell, never a
+    // freed one).
+  }
+}
 
 kvpack_status to_status(kvpack::Errc e) { return static_cast<kvpack_status>(static_cast<int>(e) + 1); }
 
@@ -156,6 +172,7 @@ void kvpack_pool_destroy(kvpack_pool* pool) {
   pool->pool.reset();  // PagedCache zeroes its pages and rows
   pool->own_ws.reset();
   pool->own_ws_mutex.reset();
+  keep_tombstone(pool);
 }
 
 kvpack_status kvpack_workspace_create(kvpack_workspace** out) {
@@ -173,6 +190,7 @@ void kvpack_workspace_destroy(kvpack_workspace* ws) {
   if (ws == nullptr || ws->magic != kWsMagic) return;
   ws->magic = kDead;
   ws->ws.reset();
+  keep_tombstone(ws);
 }
 
 kvpack_status kvpack_seq_create(kvpack_pool* pool, kvpack_seq* out) {
