@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kvpack/cache/block.hpp"
+#include "kvpack/cache/exact_segments.hpp"
 #include "kvpack/cache/head_store.hpp"
 #include "kvpack/cache/pending_rows.hpp"
 #include "kvpack/cache/shape.hpp"
@@ -193,20 +194,11 @@ class SequenceStore {
     return true;
   }
 
-  /// Kernel arguments for the n_q newest queries of layer L (GQA group `group`).
+  /// Kernel arguments for the n_q newest queries of layer L (GQA group `group`; see
+  /// cache_detail::attend_args).
   [[nodiscard]] kernels::AttendArgs args_for(const Layer& L, const float* q, float* out, std::int64_t n_q,
                                              int group) const noexcept {
-    kernels::AttendArgs a;
-    a.head_dim = shape_.head_dim;
-    a.group = group;
-    a.n_q = static_cast<int>(n_q);
-    a.q_first = L.total - n_q;
-    a.scale = shape_.attn_scale > 0.f ? shape_.attn_scale : 1.f / std::sqrt(static_cast<float>(shape_.head_dim));
-    a.q = q;
-    a.q_stride = static_cast<std::int64_t>(shape_.q_heads) * shape_.head_dim;
-    a.out = out;
-    a.out_stride = a.q_stride;
-    return a;
+    return cache_detail::attend_args(shape_, L.total, q, out, n_q, group);
   }
 
   /// Segments of KV head h of layer li: sinks, blocks, pending before the latest chunk, and the
@@ -222,12 +214,7 @@ class SequenceStore {
     const std::int64_t chunk_start = L.total - L.chunk_tokens;
     const int B = layout_.tokens;
     const HeadStore& H = L.heads[static_cast<std::size_t>(h)];
-    auto rows = [&](const float* base, std::int64_t first_row) -> const float* {
-      return base ? base + first_row * stride + hoff : nullptr;  // no arithmetic on an empty buffer
-    };
-    kernels::HeadSegments seg;
-    seg.sinks = {rows(L.sink_k.empty() ? nullptr : L.sink_k.data(), 0), rows(L.sink_v.empty() ? nullptr : L.sink_v.data(), 0),
-                 stride, 0, L.sinks_held};
+    kernels::HeadSegments seg = cache_detail::exact_segments(L, stride, hoff);
     refs.clear();
     if constexpr (Evicts) {
       const std::int64_t n_slots = H.slots();
@@ -247,13 +234,6 @@ class SequenceStore {
       }
     }
     seg.blocks = refs;
-    const std::int64_t pend_n = L.pend.size(), pend_first = L.total - pend_n;
-    const std::int64_t pend_count = std::max<std::int64_t>(0, chunk_start - pend_first);
-    seg.pending = {rows(L.pend.k(), 0), rows(L.pend.v(), 0), stride, pend_first, std::min(pend_count, pend_n)};
-    const std::int64_t chunk_first = std::max<std::int64_t>(chunk_start, L.sinks_held);
-    const std::int64_t skip = chunk_first - chunk_start;
-    seg.chunk = {rows(L.chunk_k.empty() ? nullptr : L.chunk_k.data(), skip),
-                 rows(L.chunk_v.empty() ? nullptr : L.chunk_v.data(), skip), stride, chunk_first, L.total - chunk_first};
     return seg;
   }
 

@@ -333,7 +333,7 @@ class PagedCache {
     const auto n_q = static_cast<std::int64_t>(q.size() / qrow);
     for (int h = 0; h < shape().kv_heads; ++h) {
       const std::int64_t at = static_cast<std::int64_t>(h) * group * D;
-      const kernels::AttendArgs a = pool_detail::args_for(shape(), L.total, q.data() + at, out.data() + at, n_q, group);
+      const kernels::AttendArgs a = cache_detail::attend_args(shape(), L.total, q.data() + at, out.data() + at, n_q, group);
       const kernels::HeadSegments seg = pool_detail::segments(L, *st_->pool, st_->layout, shape().kv_heads, h, ws.refs);
       codec_hook::attend(a, seg, st_->layout, ws.scratch);
     }

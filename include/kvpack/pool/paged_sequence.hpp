@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kvpack/cache/block.hpp"
+#include "kvpack/cache/exact_segments.hpp"
 #include "kvpack/cache/pending_rows.hpp"
 #include "kvpack/cache/shape.hpp"
 #include "kvpack/detail/secure_zero.hpp"
@@ -161,12 +162,7 @@ inline kernels::HeadSegments segments(const PagedLayer& L, const PagePool& pool,
   const std::int64_t stride = static_cast<std::int64_t>(kv_heads) * layout.head_dim;
   const std::int64_t hoff = static_cast<std::int64_t>(h) * layout.head_dim;
   const std::int64_t chunk_start = L.total - L.chunk_tokens;
-  auto rows = [&](const float* base, std::int64_t first_row) -> const float* {
-    return base ? base + first_row * stride + hoff : nullptr;
-  };
-  kernels::HeadSegments seg;
-  seg.sinks = {rows(L.sink_k.empty() ? nullptr : L.sink_k.data(), 0), rows(L.sink_v.empty() ? nullptr : L.sink_v.data(), 0),
-               stride, 0, L.sinks_held};
+  kernels::HeadSegments seg = cache_detail::exact_segments(L, stride, hoff);
   refs.clear();
   for (const std::uint32_t p : L.pages[static_cast<std::size_t>(h)]) {
     const std::int64_t first = L.sinks_held + static_cast<std::int64_t>(refs.size()) * layout.tokens;
@@ -176,13 +172,6 @@ inline kernels::HeadSegments segments(const PagedLayer& L, const PagePool& pool,
     refs.push_back({pool.data(p), first, static_cast<int>(count), nullptr, hd.flags});
   }
   seg.blocks = refs;
-  const std::int64_t pend_n = L.pend.size(), pend_first = L.total - pend_n;
-  const std::int64_t pend_count = std::max<std::int64_t>(0, chunk_start - pend_first);
-  seg.pending = {rows(L.pend.k(), 0), rows(L.pend.v(), 0), stride, pend_first, std::min(pend_count, pend_n)};
-  const std::int64_t chunk_first = std::max<std::int64_t>(chunk_start, L.sinks_held);
-  const std::int64_t skip = chunk_first - chunk_start;
-  seg.chunk = {rows(L.chunk_k.empty() ? nullptr : L.chunk_k.data(), skip),
-               rows(L.chunk_v.empty() ? nullptr : L.chunk_v.data(), skip), stride, chunk_first, L.total - chunk_first};
   return seg;
 }
 

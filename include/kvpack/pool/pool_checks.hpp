@@ -77,21 +77,4 @@ namespace kvpack::pool_detail {
   return {};
 }
 
-/// Kernel arguments for the n_q newest queries of a layer holding `total` tokens (as
-/// SequenceStore::args_for).
-[[nodiscard]] inline kernels::AttendArgs args_for(const ModelShape& shape, std::int64_t total, const float* q, float* out,
-                                                  std::int64_t n_q, int group) noexcept {
-  kernels::AttendArgs a;
-  a.head_dim = shape.head_dim;
-  a.group = group;
-  a.n_q = static_cast<int>(n_q);
-  a.q_first = total - n_q;
-  a.scale = shape.attn_scale > 0.f ? shape.attn_scale : 1.f / std::sqrt(static_cast<float>(shape.head_dim));
-  a.q = q;
-  a.q_stride = static_cast<std::int64_t>(shape.q_heads) * shape.head_dim;
-  a.out = out;
-  a.out_stride = a.q_stride;
-  return a;
-}
-
 }  // namespace kvpack::pool_detail
