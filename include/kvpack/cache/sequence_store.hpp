@@ -182,6 +182,7 @@ class SequenceStore {
         const auto off = static_cast<std::size_t>(slot % B);
         const std::ptrdiff_t at = t0 * stride + static_cast<std::ptrdiff_t>(h) * shape_.head_dim;
         Codec::encode(layout_, b, off, L.pend.k() + at, L.pend.v() + at, stride, L.pend.positions() + t0);
+        if constexpr (Codec::interval_blocks) fit_payload(b, layout_.at(b.header.flags).bytes);  // its modes' size
         if (!Evicts || off + static_cast<std::size_t>(unit) > b.header.count)
           b.header.count = static_cast<std::uint16_t>(std::max<std::size_t>(b.header.count, off + static_cast<std::size_t>(unit)));
         ++b.header.version;
@@ -266,7 +267,7 @@ class SequenceStore {
   /// Zeroes every byte held and releases the layers.
   void wipe() noexcept {
     for (Layer& L : layers_) {
-      for (HeadStore& H : L.heads) H.zero_blocks(layout_.bytes);
+      for (HeadStore& H : L.heads) H.zero_blocks();
       for (auto* v : {&L.sink_k, &L.sink_v, &L.chunk_k, &L.chunk_v}) detail::wipe_vector(*v);
       detail::wipe_vector(L.sink_pos);
       L.pend.wipe();

@@ -17,8 +17,9 @@
 // Partially filled blocks, sinks and full-precision rows never move.
 //
 // Budget: `resident_budget_bytes` counts payload bytes of quantized blocks held in memory
-// (kvpack::BlockLayout::bytes each): blocks the cache keeps itself (pinned layers, recent blocks, the
-// partially filled last block of every (layer, kv_head)) plus blocks in the store's hot tier.
+// (kvpack::BlockLayout::bytes each, for keyframe blocks an upper bound): blocks the cache keeps
+// itself (pinned layers, recent blocks, the partially filled last block of every (layer,
+// kv_head)) plus blocks in the store's hot tier.
 // The store's budget is the remainder, updated whenever the cache's own share changes; it is a
 // target, exceeded rather than failing while the current layer and the prefetch window are
 // pinned (see offload_store.hpp). The store moves cold blocks (lowest block index first) down.
@@ -170,6 +171,7 @@ class OffloadState {
     layers_ = shape.layers;
     heads_ = shape.kv_heads;
     block_bytes_ = cache.block_layout().bytes;
+    block_layout_ = cache.block_layout();
     block_tokens_ = Cache::block_tokens;
     pinned_.assign(static_cast<std::size_t>(layers_), 0);
     for (int32_t l : o.resident_layers) pinned_[static_cast<std::size_t>(l)] = 1;
@@ -181,8 +183,9 @@ class OffloadState {
   }
 
   /// Called by the cache after a commit into (layer, kv_head): hands every full block older
-  /// than the keep_recent_blocks newest to the store, wiping and freeing the cache's copy. A
-  /// put that fails leaves the block in the cache (kept for flush()).
+  /// than the keep_recent_blocks newest to the store (its used payload: a keyframe block's size
+  /// follows its header's modes), wiping and freeing the cache's copy. A put that fails leaves
+  /// the block in the cache (kept for flush()).
   void hand_over(int layer, int kv_head, std::vector<Block>& blocks) {
     if (!store_) return;
     const std::size_t i = index(layer, kv_head);
@@ -194,12 +197,13 @@ class OffloadState {
       while (n < limit) {
         Block& b = blocks[static_cast<std::size_t>(n)];
         if (!b.data) break;
-        const Status s = store_->put(BlockKey{layer, kv_head, n}, b.header.count, std::span<const std::byte>(b.data.get(), block_bytes_));
+        const std::size_t used = block_layout_.used_bytes(b.header.count, b.header.flags);
+        const Status s = store_->put(BlockKey{layer, kv_head, n}, b.header.count, std::span<const std::byte>(b.data.get(), used));
         if (!s) {
           if (!put_error_) put_error_ = s.error();
           break;
         }
-        ::kvpack::detail::secure_zero(b.data.get(), block_bytes_);
+        ::kvpack::detail::secure_zero(b.data.get(), b.bytes);
         b.data.reset();
         ++n;
       }
@@ -326,6 +330,7 @@ class OffloadState {
   bool wait_ = true;
   int layers_ = 0, heads_ = 0, block_tokens_ = 0;
   std::size_t block_bytes_ = 0;
+  kvpack::BlockLayout block_layout_;       // the cache's; a block's payload is used_bytes(count, flags)
   std::vector<char> pinned_;               // [layer]
   std::vector<int64_t> handed_;            // [layer * heads + head]: blocks [0, n) are in the store
   std::vector<uint64_t> held_;             // [layer * heads + head]: block bytes the cache holds
