@@ -177,6 +177,7 @@ class OffloadState {
     for (int32_t l : o.resident_layers) pinned_[static_cast<std::size_t>(l)] = 1;
     handed_.assign(static_cast<std::size_t>(layers_) * static_cast<std::size_t>(heads_), 0);
     held_.assign(handed_.size(), 0);
+    put_bytes_.assign(handed_.size(), {});
     held_total_ = 0;
     views_.assign(static_cast<std::size_t>(heads_), {});
     return {};
@@ -194,6 +195,7 @@ class OffloadState {
       auto full = static_cast<int64_t>(blocks.size());
       if (!blocks.empty() && blocks.back().header.count < block_tokens_) --full;
       const int64_t limit = full - keep_recent_;
+      if (limit > n) put_bytes_[i].reserve(static_cast<std::size_t>(limit));  // before any put: no throw after one
       while (n < limit) {
         Block& b = blocks[static_cast<std::size_t>(n)];
         if (!b.data) break;
@@ -203,6 +205,7 @@ class OffloadState {
           if (!put_error_) put_error_ = s.error();
           break;
         }
+        put_bytes_[i].push_back(static_cast<uint32_t>(used));
         ::kvpack::detail::secure_zero(b.data.get(), b.bytes);
         b.data.reset();
         ++n;
@@ -231,7 +234,8 @@ class OffloadState {
   }
 
   /// Called by attend(layer) before reading: prefetch hint, then pins every offloaded block of
-  /// `layer`. On error nothing stays pinned and the error names the block.
+  /// `layer`. On error nothing stays pinned and the error names the block; a payload whose size
+  /// is not what was handed over (which its header's count and modes say) is Errc::corrupt_data.
   [[nodiscard]] Status begin_attend(int layer) {
     if (!store_) return {};
     prefetch(layer);
@@ -245,6 +249,13 @@ class OffloadState {
         if (!r) {
           end_attend();
           return fail(r.error().code, "attend: layer " + std::to_string(layer) + ": " + r.error().message);
+        }
+        if (const uint32_t want = put_bytes_[index(layer, h)][static_cast<std::size_t>(b)]; r->bytes().size() != want) {
+          end_attend();
+          return fail(Errc::corrupt_data, "attend: layer " + std::to_string(layer) + ", kv_head " + std::to_string(h) +
+                                              ", block " + std::to_string(b) + ": the store returned " +
+                                              std::to_string(r->bytes().size()) + " bytes; " + std::to_string(want) +
+                                              " were handed over (the size its header's count and modes say)");
         }
         v.push_back(std::move(r).value());
       }
@@ -278,6 +289,7 @@ class OffloadState {
         int64_t& n = handed_[index(l, h)];
         for (int64_t b = 0; b < n; ++b) (void)store_->erase(BlockKey{l, h, b});
         n = 0;
+        put_bytes_[index(l, h)].clear();
       }
     std::fill(held_.begin(), held_.end(), 0);
     held_total_ = 0;
@@ -334,6 +346,7 @@ class OffloadState {
   std::vector<char> pinned_;               // [layer]
   std::vector<int64_t> handed_;            // [layer * heads + head]: blocks [0, n) are in the store
   std::vector<uint64_t> held_;             // [layer * heads + head]: block bytes the cache holds
+  std::vector<std::vector<uint32_t>> put_bytes_;  // [layer * heads + head][block]: payload bytes handed over
   uint64_t held_total_ = 0;
   std::vector<std::vector<BlockHandle>> views_;  // [kv_head][block]: pinned during attend
   std::optional<Error> put_error_;
