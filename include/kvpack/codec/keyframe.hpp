@@ -48,8 +48,9 @@ struct Chained {
   static constexpr bool chained = true;
   static constexpr bool plain_only = false;
 };
-/// Measurement control: the keyframe layout, bytes and commit rule of Keyframe<...>, but every
-/// interval is stored in plain mode (never deltas). Isolates what delta coding itself contributes.
+/// Measurement control: the commit rule of Keyframe<...> (whole intervals; up to Interval - 1
+/// newest tokens in fp32), but every interval is stored in plain mode (never deltas: the plain
+/// codec's rows and bytes). Isolates what delta coding itself contributes.
 struct PlainOnly {
   static constexpr bool chained = false;
   static constexpr bool plain_only = true;
