@@ -80,7 +80,8 @@ struct BlockLayout {
   [[nodiscard]] BlockLayout at(std::uint8_t flags) const noexcept {
     BlockLayout L = *this;
     const std::size_t B = static_cast<std::size_t>(tokens);
-    // Plain streams are the base; a delta stream adds kf_row - delta_row bytes (negative if the keyframe row is narrower).
+    // Plain streams are the base; a delta stream adds kf_row - delta_row bytes (negative when the
+    // keyframe row is the narrower: size_t wraps and wraps back, the sums stay exact).
     const std::size_t k_end = k_meta + stream(B, k_kf_row, k_delta_row, (flags & 2u) != 0) - B * k_delta_row;
     L.k_meta = k_end;
     L.v_codes = v_codes + (k_end - k_meta);

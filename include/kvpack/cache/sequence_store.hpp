@@ -104,7 +104,9 @@ class SequenceStore {
   /// steps allocate nothing after it (KVCache::append's strong guarantee). The block count is the
   /// commit rule's, exact without eviction; with eviction, the pool grows by the committed tokens
   /// that find no free slot, capped at the hook's budget plus one unit (enforce frees slots as
-  /// commit goes). May throw std::bad_alloc, leaving the contents unchanged.
+  /// commit goes). Keyframe blocks are reserved at BlockLayout::bytes (their modes are not known
+  /// yet); commit then moves each into an allocation of its own size, a nothrow one that keeps the
+  /// reserved buffer if it fails (fit_payload). May throw std::bad_alloc, leaving the contents unchanged.
   template <class Hook>
   void reserve_append(int li, std::int64_t n, const Hook& hook) {
     Layer& L = layer(li);
