@@ -1,7 +1,7 @@
 // KVCache with Keyframe<...> codecs: attention equals float64 attention over the cache's own
 // dequantized K/V (odd sizes), the stream decoded by the cache equals an independent per-token
 // decode of the stored bytes, token-by-token / chunked / one-shot appends give identical blocks,
-// the never-expand flag is recorded, and memory_bytes is analytic.
+// the never-expand flag is recorded, and memory_bytes is analytic (per block, by its modes).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -27,7 +27,7 @@ using CacheMixed = KVCache<Keys<Int8<Group<32>>>, Values<KfC16>, Sinks<3>, Resid
 using CacheKeyOnly = KVCache<Keys<KfA>, Values<Int4<Group<32>>>>;
 
 static_assert(CacheA::block_tokens == 64 && CacheMixed::block_tokens == 16, "block = keyframe interval");
-static_assert(CacheA::key_bits_per_value == (16.0 + 63 * 5.0) / 64);
+static_assert(CacheA::key_bits_per_value == (16.0 + 63 * 5.0) / 64);  // the delta-mode bound
 static_assert(CacheMixed::value_bits_per_value == (8.5 + 15 * 5.0) / 16);
 
 constexpr int kD = 64;
@@ -101,9 +101,10 @@ void read_back_equals_random_access(bool smooth, bool expect_delta) {
     ASSERT_TRUE(rb);
     const auto blocks = c->blocks(0, h);
     ASSERT_EQ(blocks.size(), 3u);
-    const BlockLayout& L = c->block_layout();
     std::vector<float> one(kD);
     for (size_t b = 0; b < blocks.size(); ++b) {
+      const BlockLayout L = c->block_layout().at(blocks[b].header.flags);  // V follows K's stored size
+      EXPECT_EQ(blocks[b].bytes, L.bytes) << "a committed block is allocated at its own size";
       const bool kd = (blocks[b].header.flags & 2u) != 0, vd = (blocks[b].header.flags & 4u) != 0;
       EXPECT_EQ(kd, expect_delta) << "block " << b;
       EXPECT_EQ(vd, expect_delta) << "block " << b;
@@ -145,14 +146,17 @@ void token_by_token_equals_one_shot() {
     at += len;
   }
   ASSERT_EQ(at, n);
-  const size_t bytes = one->block_layout().bytes;
   for (int h = 0; h < 2; ++h) {
     const auto a = one->blocks(0, h), b = tok->blocks(0, h), c = chunked->blocks(0, h);
     ASSERT_EQ(a.size(), b.size());
     ASSERT_EQ(a.size(), c.size());
     for (size_t i = 0; i < a.size(); ++i) {
-      EXPECT_EQ(a[i].header.flags, b[i].header.flags);
-      EXPECT_EQ(a[i].header.flags, c[i].header.flags);
+      ASSERT_EQ(a[i].header.flags, b[i].header.flags);
+      ASSERT_EQ(a[i].header.flags, c[i].header.flags);
+      const size_t bytes = one->block_layout().at(a[i].header.flags).bytes;
+      ASSERT_EQ(a[i].bytes, bytes);
+      ASSERT_EQ(b[i].bytes, bytes);
+      ASSERT_EQ(c[i].bytes, bytes);
       EXPECT_EQ(0, std::memcmp(a[i].data.get(), b[i].data.get(), bytes)) << "block " << i;
       EXPECT_EQ(0, std::memcmp(a[i].data.get(), c[i].data.get(), bytes)) << "block " << i;
     }
@@ -165,19 +169,28 @@ TEST(KeyframeCache, TokenByTokenEqualsOneShot) {
   token_by_token_equals_one_shot<CacheMixed>();
 }
 
-// memory_bytes is analytic: per full interval (keyframe row + 63 delta rows) for K and V,
-// positions, one header per block, plus the fp32 pending tokens.
+// memory_bytes is analytic: per full interval, K and V streams by their modes (delta: keyframe row
+// + 63 delta rows; plain: 64 rows), positions, one header per block, plus the fp32 pending tokens.
+// Smooth data is stored in delta mode, noise in plain mode (exactly the plain codec's bytes).
 TEST(KeyframeCache, MemoryBytesAnalytic) {
-  auto c = CacheA::create(shape());
-  ASSERT_TRUE(c);
-  const int64_t n = 64 * 2 + 10;
-  ASSERT_TRUE(c->append(0, kvtest::normal(n * 2 * kD, 1), kvtest::normal(n * 2 * kD, 2), kvtest::iota_positions(0, n)));
-  const size_t interval = KfA::interval_bytes(kD);  // 128 + 63 * 40
-  const size_t per_block = 2 * interval + 64 * 4 + sizeof(BlockHeader);  // K and V streams, positions
-  const size_t blocks = 2 /*kv heads*/ * 2 /*full intervals*/;
-  const size_t pending = 10 * (2 * kD * 2 * 4 + 4);
-  EXPECT_EQ(c->memory_bytes(), blocks * per_block + pending);
-  EXPECT_EQ(interval * 8, static_cast<size_t>(KfA::bits_per_value * 64 * kD));
+  for (const bool smooth : {true, false}) {
+    auto c = CacheA::create(shape());
+    ASSERT_TRUE(c);
+    const int64_t n = 64 * 2 + 10;
+    ASSERT_TRUE(c->append(0, smooth ? smooth_tokens(0, n, 2, 1) : kvtest::normal(n * 2 * kD, 1),
+                          smooth ? smooth_tokens(0, n, 2, 2) : kvtest::normal(n * 2 * kD, 2), kvtest::iota_positions(0, n)));
+    const size_t interval = KfA::interval_bytes(kD, smooth);  // delta 128 + 63 * 40, plain 64 * 40
+    const size_t per_block = 2 * interval + 64 * 4 + sizeof(BlockHeader);  // K and V streams, positions
+    const size_t blocks = 2 /*kv heads*/ * 2 /*full intervals*/;
+    const size_t pending = 10 * (2 * kD * 2 * 4 + 4);
+    for (int h = 0; h < 2; ++h)
+      for (const Block& b : c->blocks(0, h)) ASSERT_EQ(b.header.flags, smooth ? 6 : 0);
+    EXPECT_EQ(c->memory_bytes(), blocks * per_block + pending);
+    const StoredBits sb = c->stored_bits();
+    EXPECT_EQ(sb.values, 2 * 2 * 64 * kD);
+    EXPECT_DOUBLE_EQ(sb.key_bits_per_value, smooth ? KfA::delta_bits_per_value : 5.0);
+    EXPECT_DOUBLE_EQ(sb.value_bits_per_value, smooth ? KfA::delta_bits_per_value : 5.0);
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Keyframe<Interval, DeltaCodec, KeyframeCodec, Anchor|Chained> as a codec of one interval:
-// random access, per-token error bounds, closed-loop chaining, the never-expand rule, exact sizes.
+// random access, per-token error bounds, closed-loop chaining, the never-expand rule, exact sizes
+// (a plain interval is exactly the plain codec's rows, a delta interval keyframe + deltas).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -44,21 +45,37 @@ std::vector<float> smooth(int n, unsigned seed, float base_sigma, float step_sig
 template <class Kf>
 std::vector<std::byte> encode(const std::vector<float>& x, int count, bool& delta,
                               typename Kf::Choice c = Kf::Choice::best, double* err2 = nullptr) {
-  std::vector<std::byte> buf(Kf::used_bytes(static_cast<size_t>(count), D));
+  // Room for the larger mode, filled with a marker: exactly used_bytes(count, D, mode) are written.
+  std::vector<std::byte> buf(Kf::max_used_bytes(static_cast<size_t>(count), D), std::byte{0xA5});
   delta = Kf::encode_interval(x.data(), D, count, D, buf.data(), c, err2);
+  const size_t used = Kf::used_bytes(static_cast<size_t>(count), D, delta);
+  for (size_t i = used; i < buf.size(); ++i) EXPECT_EQ(buf[i], std::byte{0xA5}) << "byte " << i << " past the used " << used;
+  buf.resize(used);
   return buf;
 }
 
 TEST(KeyframeCodec, ExactBitsAndBytes) {
-  // fp16 keyframe (16 bits) + 63 INT4 g32 rows (4 + 32/32 = 5 bits/value).
-  EXPECT_DOUBLE_EQ(AnchorKf::bits_per_value, (16.0 + 63 * 5.0) / 64);
+  // Delta mode: fp16 keyframe (16 bits) + 63 INT4 g32 rows (4 + 32/32 = 5 bits/value); plain
+  // mode: 64 INT4 g32 rows, the plain codec's 5 bits/value. bits_per_value is the larger.
+  EXPECT_DOUBLE_EQ(AnchorKf::delta_bits_per_value, (16.0 + 63 * 5.0) / 64);
+  EXPECT_DOUBLE_EQ(AnchorKf::plain_bits_per_value, 5.0);
+  EXPECT_DOUBLE_EQ(AnchorKf::bits_per_value, AnchorKf::delta_bits_per_value);
   EXPECT_DOUBLE_EQ((Keyframe<16, Int4<Group<32>>, Int8<Group<32>>>::bits_per_value), (8.5 + 15 * 5.0) / 16);
+  // A keyframe narrower than a delta row: delta mode is the cheaper one, the bound is plain's.
+  using Narrow = Keyframe<8, Int8<Group<32>>, Int4<Group<32>>>;
+  EXPECT_DOUBLE_EQ(Narrow::bits_per_value, Narrow::plain_bits_per_value);
+  EXPECT_LT(Narrow::used_bytes(8, D, true), Narrow::used_bytes(8, D, false));
+  EXPECT_EQ(Narrow::max_used_bytes(8, D), Narrow::used_bytes(8, D, false));
   EXPECT_EQ(AnchorKf::keyframe_bytes(D), 128u);
   EXPECT_EQ(AnchorKf::delta_bytes(D), 32u + 8u);
-  EXPECT_EQ(AnchorKf::interval_bytes(D), 128u + 63u * 40u);
-  EXPECT_DOUBLE_EQ(8.0 * static_cast<double>(AnchorKf::interval_bytes(D)) / (I * D), AnchorKf::bits_per_value);
-  EXPECT_EQ(AnchorKf::offset(0, D), 0u);
-  EXPECT_EQ(AnchorKf::offset(5, D), 128u + 4u * 40u);
+  EXPECT_EQ(AnchorKf::interval_bytes(D, true), 128u + 63u * 40u);
+  EXPECT_EQ(AnchorKf::interval_bytes(D, false), 64u * 40u);
+  EXPECT_EQ(AnchorKf::max_used_bytes(I, D), AnchorKf::interval_bytes(D, true));
+  EXPECT_DOUBLE_EQ(8.0 * static_cast<double>(AnchorKf::interval_bytes(D, true)) / (I * D), AnchorKf::delta_bits_per_value);
+  EXPECT_DOUBLE_EQ(8.0 * static_cast<double>(AnchorKf::interval_bytes(D, false)) / (I * D), AnchorKf::plain_bits_per_value);
+  EXPECT_EQ(AnchorKf::offset(0, D, true), 0u);
+  EXPECT_EQ(AnchorKf::offset(5, D, true), 128u + 4u * 40u);
+  EXPECT_EQ(AnchorKf::offset(5, D, false), 5u * 40u);
 }
 
 template <class Kf>
@@ -157,7 +174,8 @@ TEST(KeyframeCodec, ChainedClosedLoopDoesNotDrift) {
 }
 
 // Never expand: on i.i.d. noise deltas are wider than values, so the encoder keeps plain mode and
-// its error equals plain coding's; on smooth tokens it keeps delta mode. Bytes are equal either way.
+// its error equals plain coding's; on smooth tokens it keeps delta mode. Bytes never expand either:
+// a plain interval is exactly Interval plain rows (the plain codec), smaller than keyframe + deltas.
 template <class Kf>
 void never_expand() {
   for (unsigned s = 0; s < 20; ++s) {
@@ -169,7 +187,8 @@ void never_expand() {
     const auto dlt = encode<Kf>(x, I, dd, Kf::Choice::force_delta, &ed);
     EXPECT_FALSE(db) << "i.i.d. noise must be stored plain";
     EXPECT_EQ(best, plain);
-    EXPECT_EQ(best.size(), dlt.size());
+    EXPECT_EQ(best.size(), static_cast<size_t>(I) * Kf::delta_bytes(D));
+    EXPECT_EQ(dlt.size(), Kf::keyframe_bytes(D) + static_cast<size_t>(I - 1) * Kf::delta_bytes(D));
     EXPECT_LE(eb, ep);
     EXPECT_LE(eb, ed);
     EXPECT_GT(ed, ep);  // delta really would have expanded the error
@@ -186,11 +205,13 @@ void never_expand() {
 TEST(KeyframeCodec, NeverExpandAnchor) { never_expand<AnchorKf>(); }
 TEST(KeyframeCodec, NeverExpandChained) { never_expand<ChainKf>(); }
 
-// The keyframe itself is coded by KeyframeCodec: an fp16 keyframe reconstructs to fp16 rounding.
+// The keyframe itself is coded by KeyframeCodec: an fp16 keyframe reconstructs to fp16 rounding
+// (a lone token is kept as a keyframe: fp16 beats INT4, whatever the bytes).
 TEST(KeyframeCodec, KeyframeIsStoredAtKeyframePrecision) {
   const auto x = kvtest::normal(static_cast<size_t>(D), 3u, 5.f);
   bool delta = false;
   const auto buf = encode<AnchorKf>(x, 1, delta);
+  ASSERT_TRUE(delta);
   std::vector<float> k(D);
   AnchorKf::decode_keyframe(buf.data(), D, k.data());
   for (int d = 0; d < D; ++d) EXPECT_LE(std::abs(k[d] - x[d]), std::abs(x[d]) * 0x1p-11 + 1e-7);

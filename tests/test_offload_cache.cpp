@@ -147,6 +147,37 @@ TEST(OffloadCache, Int8KeysFp8ValuesSinksAreBitIdentical) {
   EXPECT_GT(m.store.offloads, 0u);
 }
 
+// Keyframe blocks: a block's size follows its interval modes (interval 2 on noise: both modes
+// occur). Each is handed over at its own size, every record is that payload + 72 bytes, and
+// attention and read_back come back bit-identical.
+using KfK = Keyframe<2, Int4<Group<32>>, Fp16, Chained>;
+using KfV = Keyframe<2, Int4<Group<32>>, Fp16, Anchor>;
+using ResidentKf = KVCache<Keys<KfK>, Values<KfV>>;
+using FileKf = KVCache<Keys<KfK>, Values<KfV>, ko::Offload<ko::FileTier>>;
+
+TEST(OffloadCache, KeyframeBlocksRoundTripAtTheSizeTheirModesSay) {
+  TempDir dir;
+  const auto first = expect_identical<ResidentKf, FileKf>(file_options(dir, 0, false), odd_chunks());
+  EXPECT_GT(first.store.offloads, 0u);
+  FileKf c = make<FileKf>(file_options(dir, 0, false));
+  for (const auto& s : run_loop(c, odd_chunks())) ASSERT_TRUE(s.status) << s.status.error().message;
+  c.offload().clear_prefetch_window();
+  ASSERT_TRUE(c.offload().flush());
+  uint64_t payload = 0, handed = 0, k_delta = 0;
+  for (int l = 0; l < 5; ++l)
+    for (int h = 0; h < 3; ++h)
+      for (const Block& b : c.blocks(l, h))
+        if (!b.data) {
+          payload += c.block_layout().at(b.header.flags).bytes;
+          ++handed, k_delta += (b.header.flags & 2u) != 0;
+        }
+  EXPECT_GT(k_delta, 0u);
+  EXPECT_LT(k_delta, handed) << "both key modes, so blocks of two sizes";
+  const auto m = c.offload().metrics();
+  EXPECT_EQ(m.handed_blocks, handed);
+  EXPECT_EQ(m.store.bytes_written, payload + 72 * handed);
+}
+
 TEST(OffloadCache, PlacementResidentLayersAndRecentBlocks) {
   TempDir dir;
   ko::OffloadOptions o = file_options(dir, 0, false);

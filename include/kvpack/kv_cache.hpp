@@ -103,7 +103,8 @@ class KVCache {
               : codec_hook::required_block_tokens  ? codec_hook::required_block_tokens
                                                    : codec_hook::preferred_block_tokens)>,
       Policies...>::tokens;
-  /// Bits per stored value, metadata included (full-precision sinks/residual not included).
+  /// Bits per stored value, metadata included (full-precision sinks/residual not included); for a
+  /// Keyframe<...> codec the bound of its larger mode (stored_bits() measures what is held).
   static constexpr double key_bits_per_value = key_codec::bits_per_value;
   static constexpr double value_bits_per_value = value_codec::bits_per_value;
   /// Offload<> present: full blocks may live in an offload store (blocks() then shows them
@@ -341,6 +342,8 @@ class KVCache {
   [[nodiscard]] std::size_t memory_bytes() const noexcept { return held_bytes(store_, hook_); }
   /// Bytes allocated for KV data (whole blocks, vector capacities, the latest chunk's copy).
   [[nodiscard]] std::size_t allocated_bytes() const noexcept { return allocated_bytes_of(store_, hook_); }
+  /// Measured bits per K / V value in blocks (StoredBits, cache/inspect.hpp; keyframes: per interval mode).
+  [[nodiscard]] StoredBits stored_bits() const noexcept { return stored_bits_of(store_); }
 
   /// Tokens appended to `layer` so far, evicted ones included (0 for an out-of-range layer).
   [[nodiscard]] std::int64_t tokens(int layer) const noexcept { return valid(layer) ? store_.layer(layer).total : 0; }

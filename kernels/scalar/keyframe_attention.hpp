@@ -30,24 +30,25 @@ namespace keyframe_detail {
 
 /// Sequential row reader of one role (K or V) of a block: next(out) writes the next token's
 /// reconstruction into out[0..D). Row codecs decode their per-token row; keyframe codecs stream.
+/// Offsets come from L.at(flags): a delta-mode keyframe K stream moves the V region.
 template <CacheCodec C, bool IsKey>
 class RoleReader {
  public:
   RoleReader(const BlockLayout& L, const std::byte* data, std::uint8_t flags, float* ref)
-      : L_(L), data_(data), stream_(nullptr, false, L.head_dim, ref) {
-    if constexpr (is_keyframe_codec_v<C>)
-      stream_ = typename KfStream<C>::type(data + (IsKey ? L.k_codes : L.v_codes), (flags & (IsKey ? 2u : 4u)) != 0,
-                                           L.head_dim, ref);
+      : D_(L.head_dim), stream_(nullptr, false, L.head_dim, ref) {
+    const BlockLayout A = L.at(flags);
+    codes_ = data + (IsKey ? A.k_codes : A.v_codes);
+    meta_ = data + (IsKey ? A.k_meta : A.v_meta);
+    row_ = IsKey ? A.k_row : A.v_row;
+    meta_row_ = IsKey ? A.k_meta_token : A.v_meta_token;
+    if constexpr (is_keyframe_codec_v<C>) stream_ = typename KfStream<C>::type(codes_, (flags & (IsKey ? 2u : 4u)) != 0, D_, ref);
   }
   void next(float* out) noexcept {
     if constexpr (is_keyframe_codec_v<C>) {
       stream_.next(out);
     } else {
       const auto t = static_cast<std::size_t>(t_);
-      if constexpr (IsKey)
-        decode_row<C>(data_ + L_.k_codes + t * L_.k_row, data_ + L_.k_meta + t * L_.k_meta_token, L_.head_dim, out);
-      else
-        decode_row<C>(data_ + L_.v_codes + t * L_.v_row, data_ + L_.v_meta + t * L_.v_meta_token, L_.head_dim, out);
+      decode_row<C>(codes_ + t * row_, meta_ + t * meta_row_, D_, out);
     }
     ++t_;
   }
@@ -63,8 +64,10 @@ class RoleReader {
   struct KfStream<X, true> {
     using type = typename X::Stream;
   };
-  const BlockLayout& L_;
-  const std::byte* data_;
+  int D_;
+  const std::byte* codes_ = nullptr;
+  const std::byte* meta_ = nullptr;
+  std::size_t row_ = 0, meta_row_ = 0;
   typename KfStream<C>::type stream_;
   int t_ = 0;
 };

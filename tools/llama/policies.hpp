@@ -55,9 +55,10 @@ using Registry = PolicyList<
     // Eviction at a 1024-token budget (not default: they only act on contexts above 1024).
     Policy<"int4-g32+sink-window-1k", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SinkWindow<4, 1020>>, false>,
     Policy<"int4-g32+h2o-1k", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, H2O<512, 508, 4>>, false>,
-    // Delta / keyframe coding (codec/keyframe.hpp; not default), 5.17 bits/value: fp16 keyframe every
-    // 64 tokens, INT4-g32 deltas, never-expand per interval; kf64-plain is the same layout and
-    // commit rule (up to 63 newest tokens in fp32) without deltas, the control. Measured
+    // Delta / keyframe coding (codec/keyframe.hpp; not default), at most 5.17 bits/value: fp16
+    // keyframe + 63 INT4-g32 deltas per delta interval, plain intervals INT4-g32 rows (5.0),
+    // never-expand per interval; kf64-plain is the same commit rule (up to 63 newest tokens in
+    // fp32) without deltas, the control. Measured when plain intervals still paid the keyframe
     // (docs/RESULTS-keyframe.md, WikiText-2 ctx 2048 x 2): ΔPPL kf64-plain +3.12 %, anchor
     // +1.15 %, chained +0.76 % (KL 0.0057) vs kivi4-r0 +0.67 % (KL 0.0070, 5.27 bits measured).
     // Deltas help per-token keys (MSE / 4.2 chained), per-channel keys do as well; values: no.

@@ -4,7 +4,8 @@
 // it was. What still allocates after the reservation, with no rollback: SnapKV's one-time prompt
 // compression (scoring and compaction), BlockSparse's compaction, SinkWindow's FIFO (a deque)
 // and an offload store's hand-over; the fault-injection test (tests/test_alloc_fault.cpp) covers
-// the other caches.
+// the other caches. A committed keyframe block is moved into an allocation of its own size by a
+// nothrow allocation whose failure keeps the reserved buffer (fit_payload): it cannot fail.
 #pragma once
 
 #include <cstdint>

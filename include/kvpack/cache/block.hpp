@@ -8,7 +8,11 @@
 //   [V meta    B x (D/G) x mb]
 //   [positions B x int32]                    original token positions (kept after eviction)
 // Keyframe codecs (codec/keyframe.hpp) replace a role's [codes][meta] pair by one interval
-// stream of Keyframe::used_bytes(B, D) bytes (block = one interval); its meta region is empty.
+// stream (block = one interval; its meta region is empty) whose size follows the interval's mode
+// (BlockHeader::flags bit 1 for K, bit 2 for V): Keyframe::used_bytes(B, D, delta). So a keyframe
+// block's offsets after its K stream, and its payload size, depend on its flags: BlockLayout
+// holds the all-plain layout, BlockLayout::at(flags) the layout of one block. Plain intervals
+// cost exactly the plain codec's bytes; delta ones keyframe row + B - 1 delta rows.
 // A BlockHeader travels beside the payload (format, bits, group sizes, head_dim, count, version)
 // so offloaded copies can be checked against the cache's layout.
 #pragma once
@@ -35,6 +39,8 @@ struct BlockHeader {
 static_assert(sizeof(BlockHeader) == 16, "BlockHeader must stay 16 bytes");
 
 /// Byte offsets and sizes of one block's payload for a (K codec, V codec, key axis, B, D) choice.
+/// With keyframe codecs the offsets are those of a block whose keyframe roles are plain (flags
+/// bits 1 and 2 clear) and `bytes` bounds every block; at(flags) gives one block's own layout.
 struct BlockLayout {
   int tokens = 0;                 ///< B
   int head_dim = 0;               ///< D
@@ -45,17 +51,51 @@ struct BlockLayout {
   std::size_t k_meta_group = 0;                ///< per-channel key metadata bytes per token group
   std::size_t v_meta_token = 0;                ///< value metadata bytes per token
   std::size_t k_codes = 0, k_meta = 0, v_codes = 0, v_meta = 0, positions = 0;  ///< offsets
-  std::size_t bytes = 0;                       ///< payload size of a full block
+  /// Payload size of a full block; with keyframe codecs the largest one (each keyframe role in
+  /// its larger mode): what a block is allocated with before its modes are known. at(flags).bytes
+  /// is the size of one block.
+  std::size_t bytes = 0;
   /// Keyframe codecs only (else 0): bytes of the keyframe row and of one delta row of K / V.
   std::size_t k_kf_row = 0, k_delta_row = 0, v_kf_row = 0, v_delta_row = 0;
 
-  /// Payload bytes actually used by `count` tokens (per-channel metadata counted per full group).
-  [[nodiscard]] std::size_t used_bytes(int count) const noexcept {
+  /// Bytes of K codes and metadata of the first `count` tokens of a block with header flags
+  /// `flags` (per-channel metadata counted per full group; keyframe K: its stream in the mode of bit 1).
+  [[nodiscard]] std::size_t k_bytes(int count, std::uint8_t flags = 0) const noexcept {
     const auto n = static_cast<std::size_t>(count);
     const std::size_t kmeta = k_per_channel ? (n / static_cast<std::size_t>(k_group)) * k_meta_group : n * k_meta_token;
-    auto stream = [n](std::size_t kf, std::size_t delta) { return n == 0 ? 0 : kf + (n - 1) * delta; };
-    return n * (k_row + v_row + v_meta_token + sizeof(std::int32_t)) + kmeta + stream(k_kf_row, k_delta_row) +
-           stream(v_kf_row, v_delta_row);
+    return n * k_row + kmeta + stream(n, k_kf_row, k_delta_row, (flags & 2u) != 0);
+  }
+  /// Bytes of V codes and metadata of the first `count` tokens (keyframe V: mode of flags bit 2).
+  [[nodiscard]] std::size_t v_bytes(int count, std::uint8_t flags = 0) const noexcept {
+    const auto n = static_cast<std::size_t>(count);
+    return n * (v_row + v_meta_token) + stream(n, v_kf_row, v_delta_row, (flags & 4u) != 0);
+  }
+  /// Payload bytes actually used by `count` tokens of a block with header flags `flags`.
+  [[nodiscard]] std::size_t used_bytes(int count, std::uint8_t flags = 0) const noexcept {
+    return k_bytes(count, flags) + v_bytes(count, flags) + static_cast<std::size_t>(count) * sizeof(std::int32_t);
+  }
+  /// The layout of one block whose header has `flags`: keyframe roles in delta mode move what
+  /// follows their stream (V, positions) and change `bytes` to the block's own payload size.
+  /// Without keyframe codecs, *this.
+  [[nodiscard]] BlockLayout at(std::uint8_t flags) const noexcept {
+    BlockLayout L = *this;
+    const std::size_t B = static_cast<std::size_t>(tokens);
+    // Plain streams are the base; a delta stream adds kf_row - delta_row bytes (negative when the
+    // keyframe row is the narrower: size_t wraps and wraps back, the sums stay exact).
+    const std::size_t k_end = k_meta + stream(B, k_kf_row, k_delta_row, (flags & 2u) != 0) - B * k_delta_row;
+    L.k_meta = k_end;
+    L.v_codes = v_codes + (k_end - k_meta);
+    L.v_meta = L.v_codes + (v_meta - v_codes) + stream(B, v_kf_row, v_delta_row, (flags & 4u) != 0) - B * v_delta_row;
+    L.positions = L.v_meta + (positions - v_meta);
+    L.bytes = L.positions + B * sizeof(std::int32_t);
+    return L;
+  }
+
+ private:
+  // Bytes of the first n tokens of a keyframe stream (0 for a row codec: kf = delta = 0).
+  [[nodiscard]] static std::size_t stream(std::size_t n, std::size_t kf, std::size_t delta, bool delta_mode) noexcept {
+    if (n == 0) return 0;
+    return delta_mode ? kf + (n - 1) * delta : n * delta;
   }
 };
 
@@ -70,11 +110,13 @@ template <CacheCodec KC, CacheCodec VC, bool KPerChannel>
   L.head_dim = head_dim;
   L.k_per_channel = KPerChannel;
   L.k_group = KC::group_size;
-  std::size_t k_stream = 0, v_stream = 0;  // keyframe codecs: interval stream bytes
+  std::size_t k_stream = 0, v_stream = 0;  // keyframe codecs: interval stream bytes in plain mode
+  std::size_t delta_extra = 0;             // the most delta-mode keyframe streams add to a block
   if constexpr (is_keyframe_codec_v<KC>) {
     L.k_kf_row = KC::keyframe_bytes(D);
     L.k_delta_row = KC::delta_bytes(D);
-    k_stream = KC::used_bytes(B, D);
+    k_stream = KC::used_bytes(B, D, false);
+    delta_extra += KC::max_used_bytes(B, D) - k_stream;
   } else {
     L.k_row = KC::code_bytes(D);
     if constexpr (KPerChannel) {
@@ -86,7 +128,8 @@ template <CacheCodec KC, CacheCodec VC, bool KPerChannel>
   if constexpr (is_keyframe_codec_v<VC>) {
     L.v_kf_row = VC::keyframe_bytes(D);
     L.v_delta_row = VC::delta_bytes(D);
-    v_stream = VC::used_bytes(B, D);
+    v_stream = VC::used_bytes(B, D, false);
+    delta_extra += VC::max_used_bytes(B, D) - v_stream;
   } else {
     L.v_row = VC::code_bytes(D);
     L.v_meta_token = row_meta_bytes<VC>(D);
@@ -98,14 +141,16 @@ template <CacheCodec KC, CacheCodec VC, bool KPerChannel>
   L.v_codes = L.k_meta + k_meta_bytes;
   L.v_meta = L.v_codes + B * L.v_row + v_stream;
   L.positions = L.v_meta + B * L.v_meta_token;
-  L.bytes = L.positions + B * sizeof(std::int32_t);
+  L.bytes = L.positions + B * sizeof(std::int32_t) + delta_extra;
   return L;
 }
 
-/// One allocated block: its header and owned payload bytes (BlockLayout::bytes, zeroed).
+/// One allocated block: its header and owned payload bytes (zeroed when allocated). Its used
+/// payload is BlockLayout::used_bytes(header.count, header.flags) bytes.
 struct Block {
   BlockHeader header;
   std::unique_ptr<std::byte[]> data;
+  std::size_t bytes = 0;  ///< bytes allocated at `data` (BlockLayout::bytes, or a keyframe block's own size)
 };
 
 }  // namespace kvpack

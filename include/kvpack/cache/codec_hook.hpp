@@ -61,13 +61,19 @@ struct CodecHook {
     encode(L, b.data.get(), b.header.flags, off, k, v, stride, pos);
   }
   /// The same into a payload `d` of L.bytes bytes that the caller owns (a pool page), `flags` its
-  /// header's flags.
+  /// header's flags. Keyframe blocks: K's mode (known once K is coded) places V, both modes the
+  /// positions (BlockLayout::at); L.at(flags).bytes bytes are written, the rest of `d` is untouched.
   static void encode(const BlockLayout& L, std::byte* d, std::uint8_t& flags, std::size_t off, const float* k,
                      const float* v, std::ptrdiff_t stride, const std::int32_t* pos) {
     const int D = L.head_dim;
     K::encode(k, stride, commit_unit, D, d, off, RoleRegion::of(L, true), flags);
-    V::encode(v, stride, commit_unit, D, d, off, RoleRegion::of(L, false), flags);
-    std::memcpy(d + L.positions + off * sizeof(std::int32_t), pos, commit_unit * sizeof(std::int32_t));
+    if constexpr (interval_blocks) {
+      V::encode(v, stride, commit_unit, D, d, off, RoleRegion::of(L.at(flags), false), flags);
+      std::memcpy(d + L.at(flags).positions + off * sizeof(std::int32_t), pos, commit_unit * sizeof(std::int32_t));
+    } else {
+      V::encode(v, stride, commit_unit, D, d, off, RoleRegion::of(L, false), flags);
+      std::memcpy(d + L.positions + off * sizeof(std::int32_t), pos, commit_unit * sizeof(std::int32_t));
+    }
   }
 
   /// Grows the codecs' encode scratch for head_dim D (keyframe intervals), so that encode then

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -24,8 +25,23 @@ namespace kvpack {
 [[nodiscard]] inline Block make_block(const BlockLayout& layout, const BlockHeader& proto) {
   Block b;
   b.data = std::make_unique<std::byte[]>(layout.bytes);  // value-initialized: zeroed
+  b.bytes = layout.bytes;
   b.header = proto;
   return b;
+}
+
+/// Moves the payload of `b` into an allocation of exactly `used` bytes when it holds more (a
+/// keyframe block, coded into a block of the largest size before its modes were known); the
+/// larger buffer is zeroed and freed. An allocation failure is not an error: the block keeps the
+/// larger buffer (b.bytes says so), so a commit after the reservation still cannot fail.
+inline void fit_payload(Block& b, std::size_t used) noexcept {
+  if (used >= b.bytes || !b.data) return;
+  std::unique_ptr<std::byte[]> exact(new (std::nothrow) std::byte[used]);
+  if (!exact) return;
+  std::memcpy(exact.get(), b.data.get(), used);
+  detail::secure_zero(b.data.get(), b.bytes);
+  b.data = std::move(exact);
+  b.bytes = used;
 }
 
 /// Blocks and slot bookkeeping of one (layer, KV head).
@@ -161,14 +177,14 @@ struct HeadStore {
       fresh.fill_slot(ns, tok, slot_score[static_cast<std::size_t>(slot)], L.tokens);
     }
     for (Block& b : blocks)
-      if (b.data) detail::secure_zero(b.data.get(), L.bytes);
+      if (b.data) detail::secure_zero(b.data.get(), b.bytes);
     *this = std::move(fresh);
   }
 
-  /// Zeroes every block payload (the blocks stay allocated).
-  void zero_blocks(std::size_t bytes) noexcept {
+  /// Zeroes every block payload, all b.bytes of each (the blocks stay allocated).
+  void zero_blocks() noexcept {
     for (Block& b : blocks)
-      if (b.data) detail::secure_zero(b.data.get(), bytes);
+      if (b.data) detail::secure_zero(b.data.get(), b.bytes);
   }
 };
 

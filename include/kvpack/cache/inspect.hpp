@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -15,7 +17,8 @@
 namespace kvpack {
 
 /// Decodes everything (layer li, KV head h) of `st` holds as attention reads it (the latest chunk
-/// aside), sorted by cache index. Errors: the fetch errors of off.hold for offloaded blocks.
+/// aside), sorted by cache index. Errors: the fetch errors of off.hold for offloaded blocks;
+/// Errc::corrupt_data for an offloaded payload whose size disagrees with its header (count, modes).
 template <class St, class Offload>
 [[nodiscard]] Result<HeadContents> read_back_head(const St& st, const Offload& off, int li, int h) {
   const auto& L = st.layer(li);
@@ -43,15 +46,20 @@ template <class St, class Offload>
   for (std::size_t bi = 0; bi < H.blocks.size(); ++bi) {
     const auto& b = H.blocks[bi];
     const std::byte* data = b.data.get();
+    const BlockLayout BL = st.layout().at(b.header.flags);  // keyframe blocks: offsets follow the modes
     typename Offload::handle held{};  // keeps an offloaded block's bytes alive below
     if (!data) {
       auto r = off.hold(li, h, static_cast<std::int64_t>(bi));
       if (!r) return r.error();
       held = std::move(r).value();
       data = held.bytes().data();
+      if (const std::size_t need = BL.used_bytes(b.header.count, b.header.flags); held.bytes().size() != need)
+        return fail(Errc::corrupt_data, "read_back: layer " + std::to_string(li) + ", kv_head " + std::to_string(h) +
+                                            ", block " + std::to_string(bi) + ": offloaded payload of " +
+                                            std::to_string(held.bytes().size()) + " bytes, but its header (count " + std::to_string(b.header.count) +
+                                            ", flags " + std::to_string(b.header.flags) + ") says " + std::to_string(need));
     }
     St::codec::decode(st.layout(), data, b.header.flags, b.header.count, s);
-    const auto* pos = reinterpret_cast<const std::int32_t*>(data + st.layout().positions);
     for (std::size_t t = 0; t < b.header.count; ++t) {
       const std::size_t slot = bi * static_cast<std::size_t>(B) + t;
       std::int64_t index = L.sinks_held + static_cast<std::int64_t>(slot);
@@ -62,7 +70,9 @@ template <class St, class Offload>
       order.emplace_back(index, tp.size());
       tk.insert(tk.end(), s.k_tile.begin() + static_cast<std::ptrdiff_t>(t * D), s.k_tile.begin() + static_cast<std::ptrdiff_t>((t + 1) * D));
       tv.insert(tv.end(), s.v_tile.begin() + static_cast<std::ptrdiff_t>(t * D), s.v_tile.begin() + static_cast<std::ptrdiff_t>((t + 1) * D));
-      tp.push_back(pos[t]);
+      std::int32_t p;
+      std::memcpy(&p, data + BL.positions + t * sizeof p, sizeof p);
+      tp.push_back(p);
     }
   }
   std::sort(order.begin(), order.end());
@@ -93,7 +103,7 @@ template <class St, class Hook>
                  H.slot_token.size() * (sizeof(std::int32_t) + sizeof(float)) +
                  static_cast<std::size_t>(L.pend.size()) * sizeof(float) + hook.extra_bytes(li, h);
       } else {
-        for (const auto& b : H.blocks) total += BL.used_bytes(b.header.count) + sizeof(BlockHeader);
+        for (const auto& b : H.blocks) total += BL.used_bytes(b.header.count, b.header.flags) + sizeof(BlockHeader);
       }
       ++h;
     }
@@ -108,16 +118,53 @@ template <class St, class Hook>
 [[nodiscard]] std::size_t allocated_bytes_of(const St& st, const Hook& hook) noexcept {
   std::size_t total = hook.allocated_bytes();
   for (const auto& L : st.layers()) {
-    for (const auto& H : L.heads)
-      total += H.blocks.size() * sizeof(BlockHeader) +
-               static_cast<std::size_t>(std::count_if(H.blocks.begin(), H.blocks.end(), [](const auto& b) { return b.data != nullptr; })) *
-                   st.layout().bytes +
-               H.valid.capacity() * sizeof(std::uint64_t) + (H.slot_token.capacity() + H.slot_score.capacity()) * 4 +
-               H.spare.size() * st.layout().bytes;
+    for (const auto& H : L.heads) {
+      total += H.blocks.size() * sizeof(BlockHeader) + H.valid.capacity() * sizeof(std::uint64_t) +
+               (H.slot_token.capacity() + H.slot_score.capacity()) * 4;
+      for (const auto& b : H.blocks) total += b.data ? b.bytes : 0;
+      for (const auto& b : H.spare) total += b.bytes;
+    }
     total += (L.sink_k.capacity() + L.sink_v.capacity() + L.chunk_k.capacity() + L.chunk_v.capacity()) * sizeof(float) +
              L.sink_pos.capacity() * sizeof(std::int32_t) + L.pend.allocated_bytes();
   }
   return total;
+}
+
+/// Measured storage of the quantized K and V a cache holds in blocks (KVCache::stored_bits).
+/// Codes and metadata only: positions, block headers and full-precision rows are not included
+/// (memory_bytes counts everything).
+struct StoredBits {
+  double key_bits_per_value = 0;    ///< 8 * bytes of K codes and metadata / K values in blocks (0: no block)
+  double value_bits_per_value = 0;  ///< the same for V
+  std::int64_t values = 0;          ///< values per role in blocks: quantized tokens x head_dim, all layers and KV heads
+};
+
+/// StoredBits of `st`: per block from its header (token count, keyframe modes); with eviction,
+/// per live slot (codec bytes per token; no keyframe codecs there).
+template <class St>
+[[nodiscard]] StoredBits stored_bits_of(const St& st) noexcept {
+  const auto& BL = st.layout();
+  std::size_t kb = 0, vb = 0;
+  std::int64_t tokens = 0;
+  for (const auto& L : st.layers())
+    for (const auto& H : L.heads) {
+      if constexpr (St::evicts) {
+        kb += static_cast<std::size_t>(H.live) * BL.k_bytes(1), vb += static_cast<std::size_t>(H.live) * BL.v_bytes(1);
+        tokens += H.live;
+      } else {
+        for (const auto& b : H.blocks) {
+          kb += BL.k_bytes(b.header.count, b.header.flags), vb += BL.v_bytes(b.header.count, b.header.flags);
+          tokens += b.header.count;
+        }
+      }
+    }
+  StoredBits r;
+  r.values = tokens * st.shape().head_dim;
+  if (r.values > 0) {
+    r.key_bits_per_value = 8.0 * static_cast<double>(kb) / static_cast<double>(r.values);
+    r.value_bits_per_value = 8.0 * static_cast<double>(vb) / static_cast<double>(r.values);
+  }
+  return r;
 }
 
 }  // namespace kvpack

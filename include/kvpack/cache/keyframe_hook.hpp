@@ -1,7 +1,9 @@
 // The keyframe codec's commit hook (codec/keyframe.hpp): a block holds exactly one interval, the
 // interval commits as a whole (up to Interval - 1 newest tokens wait in fp32, as KIVI's key
-// group), its mode (delta or plain) goes into the block's header flags, and blocks are read by
-// the interval attention kernel (kernels/scalar/keyframe_attention.hpp) on every backend.
+// group), its mode (delta or plain) goes into the block's header flags and sets the block's size
+// (BlockLayout::at: SequenceStore::commit then moves the payload into an allocation of that size),
+// and blocks are read by the interval attention kernel (kernels/scalar/keyframe_attention.hpp)
+// on every backend.
 #pragma once
 
 #include <cstddef>
@@ -24,8 +26,8 @@ struct RoleCodec<C, false, BackendTag> {
   static constexpr bool interval_kernel = true;
   static constexpr int row_group = C::group_size;
 
-  /// Encodes one whole interval (n == Interval tokens) into the block starting at slot 0 and
-  /// records its mode in `flags` (bit r.mode_flag set = delta).
+  /// Encodes one whole interval (n == Interval tokens) into the block at r.codes (room for the
+  /// larger mode) and records its mode in `flags` (bit r.mode_flag set = delta).
   static void encode(const float* x, std::ptrdiff_t stride, int n, int D, std::byte* block, std::size_t /*off*/,
                      const RoleRegion& r, std::uint8_t& flags) {
     const bool delta = C::encode_interval(x, stride, n, D, block + r.codes);

@@ -105,7 +105,9 @@ class SequenceStore {
   /// steps allocate nothing after it (KVCache::append's strong guarantee). The block count is the
   /// commit rule's, exact without eviction; with eviction, the pool grows by the committed tokens
   /// that find no free slot, capped at the hook's budget plus one unit (enforce frees slots as
-  /// commit goes). May throw std::bad_alloc, leaving the contents unchanged.
+  /// commit goes). Keyframe blocks are reserved at BlockLayout::bytes (their modes are not known
+  /// yet); commit then moves each into an allocation of its own size, a nothrow one that keeps the
+  /// reserved buffer if it fails (fit_payload). May throw std::bad_alloc, leaving the contents unchanged.
   template <class Hook>
   void reserve_append(int li, std::int64_t n, const Hook& hook) {
     Layer& L = layer(li);
@@ -183,6 +185,7 @@ class SequenceStore {
         const auto off = static_cast<std::size_t>(slot % B);
         const std::ptrdiff_t at = t0 * stride + static_cast<std::ptrdiff_t>(h) * shape_.head_dim;
         Codec::encode(layout_, b, off, L.pend.k() + at, L.pend.v() + at, stride, L.pend.positions() + t0);
+        if constexpr (Codec::interval_blocks) fit_payload(b, layout_.at(b.header.flags).bytes);  // its modes' size
         if (!Evicts || off + static_cast<std::size_t>(unit) > b.header.count)
           b.header.count = static_cast<std::uint16_t>(std::max<std::size_t>(b.header.count, off + static_cast<std::size_t>(unit)));
         ++b.header.version;
@@ -246,7 +249,7 @@ class SequenceStore {
   /// Zeroes every byte held and releases the layers.
   void wipe() noexcept {
     for (Layer& L : layers_) {
-      for (HeadStore& H : L.heads) H.zero_blocks(layout_.bytes);
+      for (HeadStore& H : L.heads) H.zero_blocks();
       for (auto* v : {&L.sink_k, &L.sink_v, &L.chunk_k, &L.chunk_v}) detail::wipe_vector(*v);
       detail::wipe_vector(L.sink_pos);
       L.pend.wipe();

@@ -17,8 +17,9 @@
 // Partially filled blocks, sinks and full-precision rows never move.
 //
 // Budget: `resident_budget_bytes` counts payload bytes of quantized blocks held in memory
-// (kvpack::BlockLayout::bytes each): blocks the cache keeps itself (pinned layers, recent blocks, the
-// partially filled last block of every (layer, kv_head)) plus blocks in the store's hot tier.
+// (kvpack::BlockLayout::bytes each, for keyframe blocks an upper bound): blocks the cache keeps
+// itself (pinned layers, recent blocks, the partially filled last block of every (layer,
+// kv_head)) plus blocks in the store's hot tier.
 // The store's budget is the remainder, updated whenever the cache's own share changes; it is a
 // target, exceeded rather than failing while the current layer and the prefetch window are
 // pinned (see offload_store.hpp). The store moves cold blocks (lowest block index first) down.
@@ -170,19 +171,22 @@ class OffloadState {
     layers_ = shape.layers;
     heads_ = shape.kv_heads;
     block_bytes_ = cache.block_layout().bytes;
+    block_layout_ = cache.block_layout();
     block_tokens_ = Cache::block_tokens;
     pinned_.assign(static_cast<std::size_t>(layers_), 0);
     for (int32_t l : o.resident_layers) pinned_[static_cast<std::size_t>(l)] = 1;
     handed_.assign(static_cast<std::size_t>(layers_) * static_cast<std::size_t>(heads_), 0);
     held_.assign(handed_.size(), 0);
+    put_bytes_.assign(handed_.size(), {});
     held_total_ = 0;
     views_.assign(static_cast<std::size_t>(heads_), {});
     return {};
   }
 
   /// Called by the cache after a commit into (layer, kv_head): hands every full block older
-  /// than the keep_recent_blocks newest to the store, wiping and freeing the cache's copy. A
-  /// put that fails leaves the block in the cache (kept for flush()).
+  /// than the keep_recent_blocks newest to the store (its used payload: a keyframe block's size
+  /// follows its header's modes), wiping and freeing the cache's copy. A put that fails leaves
+  /// the block in the cache (kept for flush()).
   void hand_over(int layer, int kv_head, std::vector<Block>& blocks) {
     if (!store_) return;
     const std::size_t i = index(layer, kv_head);
@@ -191,15 +195,18 @@ class OffloadState {
       auto full = static_cast<int64_t>(blocks.size());
       if (!blocks.empty() && blocks.back().header.count < block_tokens_) --full;
       const int64_t limit = full - keep_recent_;
+      if (limit > n) put_bytes_[i].reserve(static_cast<std::size_t>(limit));  // before any put: no throw after one
       while (n < limit) {
         Block& b = blocks[static_cast<std::size_t>(n)];
         if (!b.data) break;
-        const Status s = store_->put(BlockKey{layer, kv_head, n}, b.header.count, std::span<const std::byte>(b.data.get(), block_bytes_));
+        const std::size_t used = block_layout_.used_bytes(b.header.count, b.header.flags);
+        const Status s = store_->put(BlockKey{layer, kv_head, n}, b.header.count, std::span<const std::byte>(b.data.get(), used));
         if (!s) {
           if (!put_error_) put_error_ = s.error();
           break;
         }
-        ::kvpack::detail::secure_zero(b.data.get(), block_bytes_);
+        put_bytes_[i].push_back(static_cast<uint32_t>(used));
+        ::kvpack::detail::secure_zero(b.data.get(), b.bytes);
         b.data.reset();
         ++n;
       }
@@ -227,7 +234,8 @@ class OffloadState {
   }
 
   /// Called by attend(layer) before reading: prefetch hint, then pins every offloaded block of
-  /// `layer`. On error nothing stays pinned and the error names the block.
+  /// `layer`. On error nothing stays pinned and the error names the block; a payload whose size
+  /// is not what was handed over (which its header's count and modes say) is Errc::corrupt_data.
   [[nodiscard]] Status begin_attend(int layer) {
     if (!store_) return {};
     prefetch(layer);
@@ -241,6 +249,13 @@ class OffloadState {
         if (!r) {
           end_attend();
           return fail(r.error().code, "attend: layer " + std::to_string(layer) + ": " + r.error().message);
+        }
+        if (const uint32_t want = put_bytes_[index(layer, h)][static_cast<std::size_t>(b)]; r->bytes().size() != want) {
+          end_attend();
+          return fail(Errc::corrupt_data, "attend: layer " + std::to_string(layer) + ", kv_head " + std::to_string(h) +
+                                              ", block " + std::to_string(b) + ": the store returned " +
+                                              std::to_string(r->bytes().size()) + " bytes; " + std::to_string(want) +
+                                              " were handed over (the size its header's count and modes say)");
         }
         v.push_back(std::move(r).value());
       }
@@ -274,6 +289,7 @@ class OffloadState {
         int64_t& n = handed_[index(l, h)];
         for (int64_t b = 0; b < n; ++b) (void)store_->erase(BlockKey{l, h, b});
         n = 0;
+        put_bytes_[index(l, h)].clear();
       }
     std::fill(held_.begin(), held_.end(), 0);
     held_total_ = 0;
@@ -326,9 +342,11 @@ class OffloadState {
   bool wait_ = true;
   int layers_ = 0, heads_ = 0, block_tokens_ = 0;
   std::size_t block_bytes_ = 0;
+  kvpack::BlockLayout block_layout_;       // the cache's; a block's payload is used_bytes(count, flags)
   std::vector<char> pinned_;               // [layer]
   std::vector<int64_t> handed_;            // [layer * heads + head]: blocks [0, n) are in the store
   std::vector<uint64_t> held_;             // [layer * heads + head]: block bytes the cache holds
+  std::vector<std::vector<uint32_t>> put_bytes_;  // [layer * heads + head][block]: payload bytes handed over
   uint64_t held_total_ = 0;
   std::vector<std::vector<BlockHandle>> views_;  // [kv_head][block]: pinned during attend
   std::optional<Error> put_error_;

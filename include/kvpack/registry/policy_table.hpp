@@ -81,8 +81,8 @@ using Table = EntryList<
     // Eviction at a 1024-token budget.
     Entry<"int4-g32+sink-window-1k", PolicySet<Keys<G32I4>, Values<G32I4>, SinkWindow<4, 1020>>, false>,
     Entry<"int4-g32+h2o-1k", PolicySet<Keys<G32I4>, Values<G32I4>, H2O<512, 508, 4>>, false>,
-    // Delta / keyframe coding (docs/RESULTS-keyframe.md): fp16 keyframe every 64 tokens, INT4-g32
-    // deltas; kf64-plain is the same layout without deltas (the control).
+    // Delta / keyframe coding (docs/RESULTS-keyframe.md): fp16 keyframe + INT4-g32 deltas per delta
+    // interval of 64 tokens, INT4-g32 rows per plain one; kf64-plain never uses deltas (the control).
     Entry<"kf64-plain", PolicySet<Keys<Keyframe<64, G32I4, Fp16, PlainOnly>>, Values<Keyframe<64, G32I4, Fp16, PlainOnly>>>, false>,
     Entry<"kf64-anchor", PolicySet<Keys<Keyframe<64, G32I4, Fp16, Anchor>>, Values<Keyframe<64, G32I4, Fp16, Anchor>>>, false>,
     Entry<"kf64-chained", PolicySet<Keys<Keyframe<64, G32I4, Fp16, Chained>>, Values<Keyframe<64, G32I4, Fp16, Chained>>>, false>,
