@@ -118,10 +118,4 @@ class Evaluator {
   std::map<std::string, RowMat> twin_logits_;  // [scored rows][vocab] raw logits, current window
 };
 
-/// Dispatches a member-function template of Evaluator over the registry by policy name.
-template <class R, class F>
-R dispatch(const std::string& name, F&& f) {
-  return kl::with_policy<R>(name, std::forward<F>(f), R(kvpack::fail(kvpack::Errc::invalid_argument, "unknown policy " + name)));
-}
-
 }  // namespace kvpack_eval

@@ -12,8 +12,9 @@
 // Files (one concern each): cli.hpp (options), options.hpp (run options, helpers),
 // evaluator.hpp (running the model on a policy's cache), scoring.hpp (one window, one policy),
 // needle.hpp (passkey retrieval), report.hpp and plot.hpp (Markdown, JSON, PNG), kv_dump.hpp
-// (--dump-kv), profile.hpp and plan.hpp (per-layer planning). This file: loading the model and
-// the text, and the order of the work.
+// (--dump-kv), profile.hpp and plan.hpp (per-layer planning), policy_dispatch.hpp/.cpp and
+// policy_shard.cpp (a policy by name, its instantiations spread over several translation units).
+// This file: loading the model and the text, and the order of the work.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -212,9 +213,7 @@ int run(int argc, char** argv) {
     for (size_t p = 0; p < names.size(); ++p) {
       prog.label(names[p] + " window " + std::to_string(w + 1) + "/" + std::to_string(windows.size()));
       KvDump* d = !opt.dump_kv.empty() && w == 0 && p == 0 ? &dump : nullptr;
-      auto s = dispatch<kvpack::Status>(names[p], [&]<class Cache>() {
-        return ev.score<Cache>(stats[p], windows[w], p == 0, w == 0, prog, d);
-      });
+      auto s = score_policy(ev, names[p], stats[p], windows[w], p == 0, w == 0, prog, d);
       if (!s) return die(names[p] + ": " + s.error().message);
     }
   if (auto s = run_needles(ev, needles, names, stats, prog); !s) return die(s.error().message);

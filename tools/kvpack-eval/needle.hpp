@@ -9,6 +9,7 @@
 
 #include "llama/needle_prompt.hpp"
 #include "evaluator.hpp"
+#include "policy_dispatch.hpp"
 
 namespace kvpack_eval {
 
@@ -80,10 +81,8 @@ inline kvpack::Status run_needles(const Evaluator& ev, const std::vector<NeedleC
   for (int64_t j = 0; j < jobs; ++j) {
     const NeedleCase& c = needles[size_t(j) / names.size()];
     const std::string& name = names[size_t(j) % names.size()];
-    auto r = dispatch<kvpack::Result<NeedleResult>>(name, [&]<class Cache>() {
-      return ev.needle<Cache>(c.prompt, c.answer, c.length, prog, name + " needle " + std::to_string(c.length) + "@" +
-                                                            std::to_string(c.depth) + "%");
-    });
+    auto r = needle_policy(ev, name, c.prompt, c.answer, c.length, prog,
+                           name + " needle " + std::to_string(c.length) + "@" + std::to_string(c.depth) + "%");
     if (!r) {
       nerr[size_t(j)] = name + ": " + r.error().message;
       continue;

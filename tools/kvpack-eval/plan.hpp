@@ -6,6 +6,7 @@
 
 #include <set>
 
+#include "policy_dispatch.hpp"
 #include "profile.hpp"
 
 namespace kvpack_eval {
@@ -163,9 +164,7 @@ inline int run_plan(const kl::Model& model, Evaluator& ev, Options& opt, const s
       prog.label(run.name);
       kvpack::Status s;
       if (!run.uniform.empty()) {
-        s = dispatch<kvpack::Status>(run.uniform, [&]<class Cache>() {
-          return ev.score<Cache>(run.st, windows[w], r == 0, w == 0, prog, nullptr);
-        });
+        s = score_policy(ev, run.uniform, run.st, windows[w], r == 0, w == 0, prog, nullptr);
       } else {
         ev.plan_factory = [&run](const kvpack::ModelShape& sh) { return PlanCache::create(sh, run.choice); };
         ev.plan_hook = nullptr;
