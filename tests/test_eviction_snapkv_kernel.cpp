@@ -16,6 +16,7 @@
 #include "kvpack/kvpack.hpp"
 #include "support/eviction_check.hpp"
 
+namespace snapkv_kernel_test {  // named: in a unity build its names must not meet another file's (kD, Prompt)
 namespace {
 
 constexpr int kQ = 9, kKV = 3, kD = 34, kN = 95, kWin = 7, kBudget = 31;
@@ -134,3 +135,4 @@ TEST(SnapKVKernel, WiderKernelKeepsTheTokensAfterAPeak) {
 }
 
 }  // namespace
+}  // namespace snapkv_kernel_test
