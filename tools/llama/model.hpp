@@ -41,7 +41,20 @@ using KvTap = std::function<void(int layer, std::span<const float> k_pre_rope,
 
 /// Y = X * W^T, Y [n][out], X [n][in], W [out][in]; output features split across OpenMP threads
 /// (Eigen parallelises neither small GEMMs nor GEMVs, and decode is all GEMVs).
-inline void linear(const RowMat& X, const RowMat& W, RowMat& Y) {
+/// batch_invariant: a row's result does not depend on how many rows X has. Eigen computes one
+/// row as a GEMV and several as a GEMM, with other summation orders; so one row is computed as
+/// a two-row GEMM (the row twice), whose rows equal those of any larger GEMM (checked for every
+/// SmolLM2 shape and 1-40 rows). A serving engine needs this to decode a request in a batch
+/// exactly as alone; it costs single-token decode some speed.
+inline void linear(const RowMat& X, const RowMat& W, RowMat& Y, bool batch_invariant = false) {
+  if (batch_invariant && X.rows() == 1) {
+    RowMat X2(2, X.cols()), Y2;
+    X2.row(0) = X.row(0);
+    X2.row(1) = X.row(0);
+    linear(X2, W, Y2);
+    Y = Y2.topRows(1);
+    return;
+  }
   Y.resize(X.rows(), W.rows());
   const Eigen::Index out = W.rows();
 #pragma omp parallel
@@ -66,6 +79,9 @@ class Model {
   RowMat tok_embd;           // [vocab][d_model]
   RowMat output;             // [vocab][d_model]; empty when the head is tied to tok_embd
   std::vector<LayerWeights> layers;
+  /// Dense layers give each token the same result whatever the batch (see linear()); off by
+  /// default (single-token decode is faster without it).
+  bool batch_invariant = false;
 
   /// Loads a GGUF file of architecture "llama": metadata, then every weight dequantized to fp32.
   /// Errors: unreadable/corrupt file, other architecture, missing tensor, shape mismatch.
@@ -140,12 +156,25 @@ class Model {
   /// from index `logits_from` on (pass tokens.size() to skip the output head).
   /// Errors: token id out of range, or any error of the cache (capacity, shape).
   template <class Cache>
-  Status forward(Cache& cache, std::span<const int32_t> tokens, int32_t pos0, int64_t logits_from,
+  Status forward(Cache&& cache, std::span<const int32_t> tokens, int32_t pos0, int64_t logits_from,
                  RowMat& logits, const KvTap& tap = {}) const {
+    std::vector<int32_t> pos(tokens.size());
+    for (size_t t = 0; t < pos.size(); ++t) pos[t] = pos0 + static_cast<int32_t>(t);
+    return forward_at(cache, tokens, pos, logits_from, logits, tap);
+  }
+
+  /// forward() with a position per token instead of consecutive ones: row t of every matrix is
+  /// token t at position positions[t]. A batch of decode tokens from different sequences goes
+  /// through the dense layers together this way; the cache adapter routes row t's K/V and query
+  /// to its own sequence. Errors as forward(), and positions.size() != tokens.size().
+  template <class Cache>
+  Status forward_at(Cache&& cache, std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                    int64_t logits_from, RowMat& logits, const KvTap& tap = {}) const {
     const auto n = static_cast<Eigen::Index>(tokens.size());
     const int hd = cfg.head_dim, half = hd / 2;
     if (n == 0 || logits_from < 0 || logits_from > n)
       return fail(Errc::invalid_argument, "forward: empty chunk or bad logits_from");
+    if (positions.size() != tokens.size()) return fail(Errc::invalid_argument, "forward: one position per token");
     RowMat x(n, cfg.d_model);
     for (Eigen::Index i = 0; i < n; ++i) {
       if (tokens[size_t(i)] < 0 || tokens[size_t(i)] >= cfg.vocab)
@@ -157,7 +186,7 @@ class Model {
     RowMat cos_t(n, half), sin_t(n, half);
     for (Eigen::Index t = 0; t < n; ++t)
       for (int i = 0; i < half; ++i) {
-        const double ang = double(pos0 + t) * std::pow(double(cfg.rope_base), -2.0 * i / hd);
+        const double ang = double(positions[size_t(t)]) * std::pow(double(cfg.rope_base), -2.0 * i / hd);
         cos_t(t, i) = static_cast<float>(std::cos(ang));
         sin_t(t, i) = static_cast<float>(std::sin(ang));
       }
@@ -172,30 +201,28 @@ class Model {
           }
         }
     };
-    std::vector<int32_t> pos(static_cast<size_t>(n));
-    for (Eigen::Index t = 0; t < n; ++t) pos[size_t(t)] = pos0 + static_cast<int32_t>(t);
 
     RowMat h, q, k, v, att(n, cfg.q_heads * hd), tmp, gate, up;
     for (int l = 0; l < cfg.layers; ++l) {
       const LayerWeights& w = layers[static_cast<size_t>(l)];
       rms_norm(x, w.attn_norm, h);
-      linear(h, w.wq, q);
-      linear(h, w.wk, k);
-      linear(h, w.wv, v);
+      linear(h, w.wq, q, batch_invariant);
+      linear(h, w.wk, k, batch_invariant);
+      linear(h, w.wv, v, batch_invariant);
       RowMat k_pre;
       if (tap) k_pre = k;
       rope(q, cfg.q_heads);
       rope(k, cfg.kv_heads);
       if (tap) tap(l, span_of(k_pre), span_of(k), span_of(v));
-      if (auto st = cache.append(l, span_of(k), span_of(v), pos); !st) return st;
+      if (auto st = cache.append(l, span_of(k), span_of(v), positions); !st) return st;
       if (auto st = cache.attend(l, span_of(q), std::span<float>(att.data(), size_t(att.size()))); !st) return st;
-      linear(att, w.wo, tmp);
+      linear(att, w.wo, tmp, batch_invariant);
       x += tmp;
       rms_norm(x, w.ffn_norm, h);
-      linear(h, w.w_gate, gate);
-      linear(h, w.w_up, up);
+      linear(h, w.w_gate, gate, batch_invariant);
+      linear(h, w.w_up, up, batch_invariant);
       gate = (gate.array() / (1.f + (-gate.array()).exp()) * up.array()).matrix();  // SiLU(g) * u
-      linear(gate, w.w_down, tmp);
+      linear(gate, w.w_down, tmp, batch_invariant);
       x += tmp;
     }
     const Eigen::Index m = n - logits_from;
@@ -205,7 +232,7 @@ class Model {
     }
     RowMat xs = x.bottomRows(m);
     rms_norm(xs, out_norm, h);
-    linear(h, output.size() ? output : tok_embd, logits);
+    linear(h, output.size() ? output : tok_embd, logits, batch_invariant);
     return {};
   }
 

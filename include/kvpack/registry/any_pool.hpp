@@ -57,6 +57,9 @@ class AnyPool {
   virtual Result<std::int64_t> attach_prefix(SeqId id, std::string_view model_id, std::span<const std::int32_t> prompt) = 0;
   virtual void clear_prefix_cache() = 0;
   [[nodiscard]] virtual Result<std::vector<PageView>> pages(SeqId id, int layer, int kv_head) const = 0;
+  /// Decoded contents of one KV head of a sequence, as KVCache::read_back (float64 references,
+  /// comparing two sequences).
+  [[nodiscard]] virtual Result<HeadContents> read_back(SeqId id, int layer, int kv_head) const = 0;
   [[nodiscard]] virtual PoolStats stats() const = 0;
   [[nodiscard]] virtual std::size_t memory_bytes() const = 0;
 
@@ -107,6 +110,9 @@ class PoolAdapter final : public AnyPool {
   void clear_prefix_cache() override { pool_.clear_prefix_cache(); }
   [[nodiscard]] Result<std::vector<PageView>> pages(SeqId id, int layer, int kv_head) const override {
     return pool_.pages(id, layer, kv_head);
+  }
+  [[nodiscard]] Result<HeadContents> read_back(SeqId id, int layer, int kv_head) const override {
+    return pool_.read_back(id, layer, kv_head);
   }
   [[nodiscard]] PoolStats stats() const override { return pool_.stats(); }
   [[nodiscard]] std::size_t memory_bytes() const override { return pool_.memory_bytes(); }

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# ctest engine.serving (label model): runs kvpack-engine on the real model with two policies
+# (int4-g32 per-token keys; kivi4 per-channel keys with an fp32 residual window, the hardest case
+# for rollback) and checks its JSON: >= 8 sequences, shared pages counted once (pool_bytes well
+# below pool_bytes_if_unshared), every request identical to its solo run, every rollback
+# identical to never appending the rejected tokens, forks isolated. Exit 77 (skipped) without
+# the model: KVPACK_MODEL_PATH names the GGUF file (bash tools/fetch_model.sh prints it).
+set -euo pipefail
+engine=$1
+if [ -z "${KVPACK_MODEL_PATH:-}" ] || [ ! -f "$KVPACK_MODEL_PATH" ]; then
+  echo "engine.serving: KVPACK_MODEL_PATH unset or not a file: skipped"
+  exit 77
+fi
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+"$engine" --model "$KVPACK_MODEL_PATH" --json "$out/int4.json" > "$out/int4.log"
+"$engine" --model "$KVPACK_MODEL_PATH" --policy kivi4 --requests 8 --max-new 16 --prefix 200 \
+  --json "$out/kivi4.json" > "$out/kivi4.log"
+python3 - "$out/int4.json" "$out/kivi4.json" <<'PY'
+import json, sys
+ok = True
+for path in sys.argv[1:]:
+    j = json.load(open(path))
+    checks = {
+        "sequences >= 8": j["sequences"] >= 8,
+        "pool_bytes < 0.6 x pool_bytes_if_unshared": j["pool_bytes"] < 0.6 * j["pool_bytes_if_unshared"],
+        "identical_to_solo": j["identical_to_solo"] is True,
+        "rollback_identical": j["rollback_identical"] is True and j["rollback_checks"] > 0,
+        "fork_isolated": j["fork_isolated"] is True,
+        "tokens_per_s > 0": j["tokens_per_s"] > 0,
+    }
+    for name, good in checks.items():
+        print(f"{j['policy']}: {name}: {'ok' if good else 'FAILED'}")
+        ok = ok and good
+sys.exit(0 if ok else 1)
+PY
