@@ -20,6 +20,7 @@
 #include "kvpack/cache/block.hpp"
 #include "kvpack/cache/block_import.hpp"
 #include "kvpack/cache/codec_hook.hpp"
+#include "kvpack/cache/demoted_attend.hpp"
 #include "kvpack/cache/inspect.hpp"
 #include "kvpack/cache/offload_hooks.hpp"
 #include "kvpack/cache/sequence_store.hpp"
@@ -43,6 +44,8 @@ namespace kvpack {
 ///    NoEviction): any type of role::eviction naming its hook (eviction/hook.hpp)
 ///  * offload::Offload<Tiers..., Prefetch<N>>  move full blocks to host/file tiers within a
 ///                  resident budget (default NoOffload; include/kvpack/offload/cache_offload.hpp)
+///  * Demote<Keys<LK>, Values<LV>>  with an eviction policy: dropped tokens are re-coded into a
+///                  low-precision tier and still attended (default NoDemotion; cache/demotion_tier.hpp)
 ///
 /// Keyframe<Interval, ...> codecs (codec/keyframe.hpp) for K and/or V: blocks hold exactly one
 /// interval (Blocks<> defaults to Interval; another size is a compile error), tokens are committed
@@ -73,11 +76,13 @@ class KVCache {
   static_assert(detail::role_count_v<role::eviction, Policies...> <= 1,
                 "kvpack::KVCache<...>: more than one eviction policy (NoEviction, SinkWindow, H2O, SnapKV, BlockSparse, ...)");
   static_assert(detail::role_count_v<role::offload, Policies...> <= 1, "kvpack::KVCache<...>: more than one Offload<> policy");
+  static_assert(detail::role_count_v<role::demotion, Policies...> <= 1, "kvpack::KVCache<...>: more than one Demote<> policy");
 
   using KeysP = detail::find_role_t<role::keys, Keys<Fp32>, Policies...>;
   using ValuesP = detail::find_role_t<role::values, Values<Fp32>, Policies...>;
   using EvictP = detail::find_role_t<role::eviction, NoEviction, Policies...>;
   using OffloadP = detail::find_role_t<role::offload, NoOffload, Policies...>;
+  using DemoteP = detail::find_role_t<role::demotion, NoDemotion, Policies...>;
 
  public:
   using key_codec = typename KeysP::codec;
@@ -112,12 +117,19 @@ class KVCache {
   static constexpr bool offloads = OffloadP::enabled;
   /// Runtime options of the offload policy (an empty struct without one).
   using offload_options = typename OffloadP::options;
-  /// The per-sequence storage (cache/sequence_store.hpp).
-  using store_type = SequenceStore<codec_hook, sink_tokens, residual_tokens, evicts>;
+  /// Demote<> present: tokens the eviction policy drops go to a low-precision tier that attend()
+  /// still reads (cache/demotion_tier.hpp; with an executor, attend() then runs serially).
+  static constexpr bool demotes = DemoteP::enabled;
+  /// The per-sequence storage (cache/sequence_store.hpp) and its demotion tier (NoDemotionTier: none).
+  using tier_type = typename demotion_tier_of<DemoteP, codec_hook, backend_tag>::type;
+  using store_type = SequenceStore<codec_hook, sink_tokens, residual_tokens, evicts, tier_type>;
 
   static_assert(!offloads || !evicts,
                 "kvpack::KVCache<...>: Offload<> moves full, immutable blocks; it cannot be combined with an "
                 "eviction policy, which rewrites blocks in place");
+  static_assert(!demotes || evicts,
+                "kvpack::KVCache<...>: Demote<> re-codes the tokens an eviction policy drops; add an eviction policy "
+                "(SinkWindow, H2O, SnapKV, BlockSparse, TOVA or their Budget/Protocol forms) or drop Demote<>");
   static_assert(!evicts || !keys_per_channel,
                 "kvpack::KVCache<...>: token-level eviction (SinkWindow, H2O, SnapKV) needs per-token keys; "
                 "per-channel key groups cannot lose single tokens");
@@ -255,8 +267,8 @@ class KVCache {
       if (Status s = off_.begin_attend(layer); !s) return s;  // prefetch next layers, pin this one's blocks
       struct Unpin { decltype(off_)& o; ~Unpin() { o.end_attend(); } } unpin{off_};  // also when a kernel throws
       ws_.head_mass.resize(static_cast<std::size_t>(shape().kv_heads));
-      if (ws_.exec) attend_parallel(layer, q, out, n_q, group);
-      for (int h = 0; h < shape().kv_heads && !ws_.exec; ++h) {
+      if (ws_.exec && !demotes) attend_parallel(layer, q, out, n_q, group);
+      for (int h = 0; h < shape().kv_heads && (demotes || !ws_.exec); ++h) {
         const std::int64_t at = static_cast<std::int64_t>(h) * group * D;
         kernels::AttendArgs a = store_.args_for(L, q.data() + at, out.data() + at, n_q, group);
         const kernels::HeadSegments seg = store_.segments(layer, h, hook_, off_, ws_.refs);
@@ -266,6 +278,7 @@ class KVCache {
           a.key_mass = m.data();
         }
         codec_hook::attend(a, seg, store_.layout(), ws_.scratch);
+        if constexpr (demotes) attend_demoted(store_.tier(), layer, h, a, ws_.scratch, ws_.tier);  // + the low tier
       }
       // Overflow (finite inputs whose products or sums exceed fp32) must not pass silently, nor
       // poison eviction scores: scores are credited only once every head's output is finite.
@@ -337,8 +350,9 @@ class KVCache {
   /// token). Eviction caches add their bookkeeping: per block one validity bit per slot (in
   /// 64-bit words), per slot its token index and score (8 bytes), per pending token and KV head
   /// its score (4 bytes). BlockSparse counts the payload of every allocated slot (masked-out blocks
-  /// hold memory until compaction) plus its block bitmask. Transient working copies (the latest
-  /// chunk, kernel scratch) are not included.
+  /// hold memory until compaction) plus its block bitmask. Demote<> adds its low tier: per low
+  /// block its used bytes and header, 4 bytes of cache index per row. Transient working copies
+  /// (the latest chunk, kernel scratch) are not included.
   [[nodiscard]] std::size_t memory_bytes() const noexcept { return held_bytes(store_, hook_); }
   /// Bytes allocated for KV data (whole blocks, vector capacities, the latest chunk's copy).
   [[nodiscard]] std::size_t allocated_bytes() const noexcept { return allocated_bytes_of(store_, hook_); }
@@ -352,6 +366,10 @@ class KVCache {
     if (!valid(layer, kv_head)) return 0;
     const auto& L = store_.layer(layer);
     return L.sinks_held + (evicts ? L.heads[static_cast<std::size_t>(kv_head)].live : L.committed) + L.pend.size();
+  }
+  /// Demote<> only: tokens of `layer` that KV head `kv_head` holds in its low-precision tier.
+  [[nodiscard]] std::int64_t demoted_tokens(int layer, int kv_head = 0) const noexcept requires(demotes) {
+    return valid(layer, kv_head) ? store_.tier().head(layer, kv_head).rows() : 0;
   }
   /// Tokens of `layer` stored quantized in blocks (the rest are full precision); KV head 0.
   [[nodiscard]] std::int64_t quantized_tokens(int layer) const noexcept {
