@@ -223,7 +223,7 @@ class KVCache {
   /// blocks whose partial softmax states are combined exactly (split-K, kernels/split_k.hpp;
   /// outputs equal the serial ones up to fp32 rounding). Heads whose policy gathers key mass
   /// (H2O, BlockSparse, TOVA) are not split but run in parallel. An empty executor (the default)
-  /// attends serially on the calling thread; splits < 1 counts as 1.
+  /// attends serially on the calling thread; splits < 1 counts as 1. Demote<> caches attend serially.
   void set_executor(Executor executor, int splits = 1) {
     ws_.exec = std::move(executor);
     ws_.splits = std::max(1, splits);
@@ -361,7 +361,7 @@ class KVCache {
 
   /// Tokens appended to `layer` so far, evicted ones included (0 for an out-of-range layer).
   [[nodiscard]] std::int64_t tokens(int layer) const noexcept { return valid(layer) ? store_.layer(layer).total : 0; }
-  /// Tokens of `layer` currently held by KV head `kv_head` (after eviction).
+  /// Tokens of `layer` currently held by KV head `kv_head` (after eviction; Demote<>: the high tier).
   [[nodiscard]] std::int64_t held_tokens(int layer, int kv_head = 0) const noexcept {
     if (!valid(layer, kv_head)) return 0;
     const auto& L = store_.layer(layer);
@@ -409,6 +409,7 @@ class KVCache {
 
   /// Decodes everything (layer, kv_head) holds as attention reads it (except that attention reads
   /// the latest chunk exactly), sorted by cache index; `indices` gives each row's cache index.
+  /// Demote<>: the low tier's rows too, as its codecs decode them.
   /// Errc::invalid_argument for bad indices; with Offload<>, the fetch errors of attend().
   [[nodiscard]] Result<HeadContents> read_back(int layer, int kv_head) const {
     if (!valid(layer, kv_head)) return fail(Errc::invalid_argument, "read_back: layer or kv_head out of range");

@@ -156,8 +156,13 @@ class SequenceStore {
         if constexpr (Hook::evicts_continuously)
           if (hook.budget() > 0) after = std::min(after, std::max(H.slots(), hook.budget() + unit));
         H.reserve_slots(after, true, layout_, proto_);
-        // Every slot evicted in this append is demoted: at most the live slots plus the tokens committed.
-        if constexpr (Tier::enabled) tier_.reserve(li, static_cast<int>(&H - L.heads.data()), H.live + L.pend.size() + n);
+        // Every slot evicted in this append is demoted: at most what exceeds the budget after it
+        // (plus one block for block-granular eviction), never more than the slots and pending tokens.
+        if constexpr (Tier::enabled) {
+          const std::int64_t held = L.sinks_held + H.live + L.pend.size() + n;
+          const std::int64_t over = std::clamp<std::int64_t>(held - hook.budget() + layout_.tokens, 0, H.live + L.pend.size() + n);
+          tier_.reserve(li, static_cast<int>(&H - L.heads.data()), over);
+        }
       } else {
         H.reserve_slots(L.committed + n_commit, false, layout_, proto_);
       }
