@@ -118,7 +118,7 @@ class KVCache {
   /// Runtime options of the offload policy (an empty struct without one).
   using offload_options = typename OffloadP::options;
   /// Demote<> present: tokens the eviction policy drops go to a low-precision tier that attend()
-  /// still reads (cache/demotion_tier.hpp; with an executor, attend() then runs serially).
+  /// still reads (cache/demotion_tier.hpp); max_tokens bounds the high tier only.
   static constexpr bool demotes = DemoteP::enabled;
   /// The per-sequence storage (cache/sequence_store.hpp) and its demotion tier (NoDemotionTier: none).
   using tier_type = typename demotion_tier_of<DemoteP, codec_hook, backend_tag>::type;
@@ -223,7 +223,8 @@ class KVCache {
   /// blocks whose partial softmax states are combined exactly (split-K, kernels/split_k.hpp;
   /// outputs equal the serial ones up to fp32 rounding). Heads whose policy gathers key mass
   /// (H2O, BlockSparse, TOVA) are not split but run in parallel. An empty executor (the default)
-  /// attends serially on the calling thread; splits < 1 counts as 1. Demote<> caches attend serially.
+  /// attends serially on the calling thread; splits < 1 counts as 1. Demote<>: heads run unsplit in
+  /// parallel, then each head's low tier on the calling thread (cache/demoted_attend.hpp).
   void set_executor(Executor executor, int splits = 1) {
     ws_.exec = std::move(executor);
     ws_.splits = std::max(1, splits);
@@ -267,8 +268,8 @@ class KVCache {
       if (Status s = off_.begin_attend(layer); !s) return s;  // prefetch next layers, pin this one's blocks
       struct Unpin { decltype(off_)& o; ~Unpin() { o.end_attend(); } } unpin{off_};  // also when a kernel throws
       ws_.head_mass.resize(static_cast<std::size_t>(shape().kv_heads));
-      if (ws_.exec && !demotes) attend_parallel(layer, q, out, n_q, group);
-      for (int h = 0; h < shape().kv_heads && (demotes || !ws_.exec); ++h) {
+      if (ws_.exec) attend_parallel(layer, q, out, n_q, group);
+      for (int h = 0; h < shape().kv_heads && !ws_.exec; ++h) {
         const std::int64_t at = static_cast<std::int64_t>(h) * group * D;
         kernels::AttendArgs a = store_.args_for(L, q.data() + at, out.data() + at, n_q, group);
         const kernels::HeadSegments seg = store_.segments(layer, h, hook_, off_, ws_.refs);
@@ -434,10 +435,13 @@ class KVCache {
         job.args.key_mass = ws_.head_mass[h].data();
       }
     }
-    kernels::attend_parallel(std::span<const kernels::HeadJob>(ws_.jobs), ws_.splits, ws_.exec, ws_.parallel,
+    kernels::attend_parallel(std::span<const kernels::HeadJob>(ws_.jobs), demotes ? 1 : ws_.splits, ws_.exec, ws_.parallel,
                              [this](const kernels::AttendArgs& a, const kernels::HeadSegments& seg, kernels::Scratch& s) {
                                codec_hook::attend(a, seg, store_.layout(), s);
                              });
+    if constexpr (demotes)  // heads unsplit: part h's scratch keeps head h's softmax state; low tiers follow serially
+      for (std::size_t h = 0; h < H; ++h)
+        attend_demoted(store_.tier(), layer, static_cast<int>(h), ws_.jobs[h].args, ws_.parallel.scratch[h], ws_.tier);
   }
 
   [[nodiscard]] bool valid(int layer, int kv_head = 0) const noexcept {
