@@ -5,10 +5,12 @@
 // once; (b) attention equals float64 attention over the read_back rows (mixed precisions inside
 // one head) within the kernels' 1e-5 contract; (c) the low tier is really attended: the output
 // differs from the pure-eviction cache's, whose output misses the union's reference; (d)
-// memory_bytes = the pure-eviction cache's bytes + the low tier's analytic bytes; reset wipes it.
+// memory_bytes = the pure-eviction cache's bytes + the low tier's analytic bytes; reset wipes it;
+// (e) each demoted row is the high codec's row re-coded, within half a low-codec step.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <vector>
@@ -39,6 +41,7 @@ template <class P, class Dm, class Tag>
 struct Case {
   using cache = KVCache<Keys<Hi>, Values<Hi>, P, Dm, Backend<Tag>>;
   using plain = KVCache<Keys<Hi>, Values<Hi>, P, Backend<Tag>>;
+  using full = KVCache<Keys<Hi>, Values<Hi>, Backend<Tag>>;
   using low_k = typename Dm::keys::codec;
   using low_v = typename Dm::values::codec;
 };
@@ -79,21 +82,36 @@ void expect_nothing_lost(const Cache& c, const char* when) {
   }
 }
 
-// Prompt of p tokens (attended), then Steps decode steps, the pure-eviction twin fed the same.
+// A demoted row holds what the high tier held, re-coded by the low codec: each channel of row `lo`
+// is within half a low-codec step of the high-precision row `hi` (asymmetric groups of 32: step =
+// (max - min) / (2^bits - 1) over the group of `hi`), plus fp16 rounding of scale and zero-point.
+template <class Low>
+void expect_recoded(const float* lo, const float* hi, std::int64_t index, const char* role) {
+  for (int g = 0; g < D; g += 32) {
+    const auto [mn, mx] = std::minmax_element(hi + g, hi + g + 32);
+    const double bound = (*mx - *mn) / ((1 << Low::bits) - 1) / 2.0 + 2e-3 * (std::abs(*mx) + std::abs(*mn)) + 1e-5;
+    for (int d = g; d < g + 32; ++d)
+      ASSERT_LE(std::abs(static_cast<double>(lo[d]) - hi[d]), bound) << role << " of token " << index << ", channel " << d;
+  }
+}
+
+// Prompt of p tokens (attended), then Steps decode steps, the pure-eviction twin and a cache
+// without eviction (the high codec's rows of every token) fed the same.
 template <class C>
 void run(int p) {
   auto c = C::cache::create(kShape).value();
   auto plain = C::plain::create(kShape).value();
+  auto full = C::full::create(kShape).value();
   auto feed = [&](auto& x, std::int64_t n, int seed, std::int64_t first) {
     ASSERT_TRUE(x.append(0, kvtest::normal(n * Row, seed), kvtest::normal(n * Row, seed + 1), kvtest::iota_positions(first, n)));
   };
-  feed(c, p, 1, 0), feed(plain, p, 1, 0);
+  feed(c, p, 1, 0), feed(plain, p, 1, 0), feed(full, p, 1, 0);
   const auto qp = kvtest::normal(p * QRow, 3);
   EXPECT_LE(kvtest::evicting_attend_error(c, 0, qp), 1e-5);
   EXPECT_LE(kvtest::evicting_attend_error(plain, 0, qp), 1e-5);
   bool demoted = false, differs = false;
   for (int s = 0; s < Steps; ++s) {
-    feed(c, 1, 10 + 2 * s, p + s), feed(plain, 1, 10 + 2 * s, p + s);
+    feed(c, 1, 10 + 2 * s, p + s), feed(plain, 1, 10 + 2 * s, p + s), feed(full, 1, 10 + 2 * s, p + s);
     expect_nothing_lost(c, "decode");
     for (int h = 0; h < KH; ++h)
       EXPECT_EQ(c.held_tokens(0, h), plain.held_tokens(0, h)) << "the high tier evicts as without Demote<> (step " << s << ")";
@@ -109,6 +127,17 @@ void run(int p) {
       differs = differs || diff > 1e-3;
     }
     EXPECT_EQ(c.memory_bytes(), plain.memory_bytes() + low_tier_bytes<C>(c)) << "step " << s;
+  }
+  // Demoted rows (held by c, not by its pure-eviction twin) against the high codec's rows.
+  for (int h = 0; h < KH; ++h) {
+    const auto rc = c.read_back(0, h).value(), rf = full.read_back(0, h).value();
+    const auto kept = kvtest::kept_indices(plain, 0, h);
+    ASSERT_EQ(rc.indices, rf.indices);
+    for (std::size_t r = 0; r < rc.indices.size(); ++r) {
+      if (std::find(kept.begin(), kept.end(), rc.indices[r]) != kept.end()) continue;
+      expect_recoded<typename C::low_k>(rc.k.data() + r * D, rf.k.data() + r * D, rc.indices[r], "K");
+      expect_recoded<typename C::low_v>(rc.v.data() + r * D, rf.v.data() + r * D, rc.indices[r], "V");
+    }
   }
   if (p >= 8) {
     EXPECT_TRUE(demoted) << "a prompt of " << p << " tokens at half the budget demotes tokens";
