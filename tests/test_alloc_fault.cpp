@@ -9,8 +9,8 @@
 // unchanged (read_back of every head, tokens, memory_bytes), the failed call then succeeds when
 // repeated, and at the end every attention output and the cache contents equal a run without
 // faults, bit for bit. The sweep ends at the first N that the whole sequence never reaches.
-// Caches: quantized with sinks and a residual window, H2O eviction, keyframe intervals; each on
-// the scalar kernel and the build's SIMD kernel (Backend<Auto>: AVX2, NEON).
+// Caches: quantized with sinks and a residual window, H2O eviction (alone and with a Demote<> low
+// tier), keyframe intervals; each on the scalar kernel and the build's SIMD kernel (Backend<Auto>: AVX2, NEON).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -131,6 +131,10 @@ using FaultCaches =
                      KVCache<Keys<Int8<>>, Values<Int4<>>, Sinks<2>, Residual<5>, Blocks<16>, Backend<Auto>>,
                      KVCache<Keys<Int8<>>, Values<Int8<>>, H2O<12, 8, 2>, Blocks<16>, Backend<Scalar>>,
                      KVCache<Keys<Int8<>>, Values<Int8<>>, H2O<12, 8, 2>, Blocks<16>, Backend<Auto>>,
+                     KVCache<Keys<Int8<>>, Values<Int8<>>, H2O<12, 8, 2>, Blocks<16>, Backend<Scalar>,
+                             Demote<Keys<Int2<>>, Values<Int2<>>>>,
+                     KVCache<Keys<Int8<>>, Values<Int8<>>, H2O<12, 8, 2>, Blocks<16>, Backend<Auto>,
+                             Demote<Keys<Int4<>>, Values<Int2<>>>>,
                      KVCache<Keys<Keyframe<8, Int4<>, Fp16>>, Values<Fp16>, Backend<Scalar>>,
                      KVCache<Keys<Keyframe<8, Int4<>, Fp16>>, Values<Fp16>, Backend<Auto>>>;
 TYPED_TEST_SUITE(AllocFault, FaultCaches);

@@ -20,6 +20,7 @@
 #include "kvpack/cache/block.hpp"
 #include "kvpack/cache/block_import.hpp"
 #include "kvpack/cache/codec_hook.hpp"
+#include "kvpack/cache/demoted_attend.hpp"
 #include "kvpack/cache/inspect.hpp"
 #include "kvpack/cache/offload_hooks.hpp"
 #include "kvpack/cache/sequence_store.hpp"
@@ -43,6 +44,8 @@ namespace kvpack {
 ///    NoEviction): any type of role::eviction naming its hook (eviction/hook.hpp)
 ///  * offload::Offload<Tiers..., Prefetch<N>>  move full blocks to host/file tiers within a
 ///                  resident budget (default NoOffload; include/kvpack/offload/cache_offload.hpp)
+///  * Demote<Keys<LK>, Values<LV>>  with an eviction policy: dropped tokens are re-coded into a
+///                  low-precision tier and still attended (default NoDemotion; cache/demotion_tier.hpp)
 ///
 /// Keyframe<Interval, ...> codecs (codec/keyframe.hpp) for K and/or V: blocks hold exactly one
 /// interval (Blocks<> defaults to Interval; another size is a compile error), tokens are committed
@@ -63,7 +66,7 @@ template <class... Policies>
 class KVCache {
   static_assert(((!std::is_void_v<detail::role_of_t<Policies>>) && ...),
                 "kvpack::KVCache<...>: every template argument must be a kvpack policy: Keys<>, Values<>, "
-                "Sinks<>, Residual<>, Blocks<>, Backend<> or an eviction policy");
+                "Sinks<>, Residual<>, Blocks<>, Backend<>, Offload<>, Demote<> or an eviction policy");
   static_assert(detail::role_count_v<role::keys, Policies...> <= 1, "kvpack::KVCache<...>: more than one Keys<> policy");
   static_assert(detail::role_count_v<role::values, Policies...> <= 1, "kvpack::KVCache<...>: more than one Values<> policy");
   static_assert(detail::role_count_v<role::sinks, Policies...> <= 1, "kvpack::KVCache<...>: more than one Sinks<> policy");
@@ -73,11 +76,13 @@ class KVCache {
   static_assert(detail::role_count_v<role::eviction, Policies...> <= 1,
                 "kvpack::KVCache<...>: more than one eviction policy (NoEviction, SinkWindow, H2O, SnapKV, BlockSparse, ...)");
   static_assert(detail::role_count_v<role::offload, Policies...> <= 1, "kvpack::KVCache<...>: more than one Offload<> policy");
+  static_assert(detail::role_count_v<role::demotion, Policies...> <= 1, "kvpack::KVCache<...>: more than one Demote<> policy");
 
   using KeysP = detail::find_role_t<role::keys, Keys<Fp32>, Policies...>;
   using ValuesP = detail::find_role_t<role::values, Values<Fp32>, Policies...>;
   using EvictP = detail::find_role_t<role::eviction, NoEviction, Policies...>;
   using OffloadP = detail::find_role_t<role::offload, NoOffload, Policies...>;
+  using DemoteP = detail::find_role_t<role::demotion, NoDemotion, Policies...>;
 
  public:
   using key_codec = typename KeysP::codec;
@@ -112,12 +117,19 @@ class KVCache {
   static constexpr bool offloads = OffloadP::enabled;
   /// Runtime options of the offload policy (an empty struct without one).
   using offload_options = typename OffloadP::options;
-  /// The per-sequence storage (cache/sequence_store.hpp).
-  using store_type = SequenceStore<codec_hook, sink_tokens, residual_tokens, evicts>;
+  /// Demote<> present: tokens the eviction policy drops go to a low-precision tier that attend()
+  /// still reads (cache/demotion_tier.hpp); max_tokens bounds the high tier only.
+  static constexpr bool demotes = DemoteP::enabled;
+  /// The per-sequence storage (cache/sequence_store.hpp) and its demotion tier (NoDemotionTier: none).
+  using tier_type = typename demotion_tier_of<DemoteP, codec_hook, backend_tag>::type;
+  using store_type = SequenceStore<codec_hook, sink_tokens, residual_tokens, evicts, tier_type>;
 
   static_assert(!offloads || !evicts,
                 "kvpack::KVCache<...>: Offload<> moves full, immutable blocks; it cannot be combined with an "
                 "eviction policy, which rewrites blocks in place");
+  static_assert(!demotes || evicts,
+                "kvpack::KVCache<...>: Demote<> re-codes the tokens an eviction policy drops; add an eviction policy "
+                "(SinkWindow, H2O, SnapKV, BlockSparse, TOVA or their Budget/Protocol forms) or drop Demote<>");
   static_assert(!evicts || !keys_per_channel,
                 "kvpack::KVCache<...>: token-level eviction (SinkWindow, H2O, SnapKV) needs per-token keys; "
                 "per-channel key groups cannot lose single tokens");
@@ -211,7 +223,8 @@ class KVCache {
   /// blocks whose partial softmax states are combined exactly (split-K, kernels/split_k.hpp;
   /// outputs equal the serial ones up to fp32 rounding). Heads whose policy gathers key mass
   /// (H2O, BlockSparse, TOVA) are not split but run in parallel. An empty executor (the default)
-  /// attends serially on the calling thread; splits < 1 counts as 1.
+  /// attends serially on the calling thread; splits < 1 counts as 1. Demote<>: heads run unsplit in
+  /// parallel, then each head's low tier on the calling thread (cache/demoted_attend.hpp).
   void set_executor(Executor executor, int splits = 1) {
     ws_.exec = std::move(executor);
     ws_.splits = std::max(1, splits);
@@ -266,6 +279,7 @@ class KVCache {
           a.key_mass = m.data();
         }
         codec_hook::attend(a, seg, store_.layout(), ws_.scratch);
+        if constexpr (demotes) attend_demoted(store_.tier(), layer, h, a, ws_.scratch, ws_.tier);  // + the low tier
       }
       // Overflow (finite inputs whose products or sums exceed fp32) must not pass silently, nor
       // poison eviction scores: scores are credited only once every head's output is finite.
@@ -337,8 +351,9 @@ class KVCache {
   /// token). Eviction caches add their bookkeeping: per block one validity bit per slot (in
   /// 64-bit words), per slot its token index and score (8 bytes), per pending token and KV head
   /// its score (4 bytes). BlockSparse counts the payload of every allocated slot (masked-out blocks
-  /// hold memory until compaction) plus its block bitmask. Transient working copies (the latest
-  /// chunk, kernel scratch) are not included.
+  /// hold memory until compaction) plus its block bitmask. Demote<> adds its low tier: per low
+  /// block its used bytes and header, 4 bytes of cache index per row. Transient working copies
+  /// (the latest chunk, kernel scratch) are not included.
   [[nodiscard]] std::size_t memory_bytes() const noexcept { return held_bytes(store_, hook_); }
   /// Bytes allocated for KV data (whole blocks, vector capacities, the latest chunk's copy).
   [[nodiscard]] std::size_t allocated_bytes() const noexcept { return allocated_bytes_of(store_, hook_); }
@@ -347,11 +362,15 @@ class KVCache {
 
   /// Tokens appended to `layer` so far, evicted ones included (0 for an out-of-range layer).
   [[nodiscard]] std::int64_t tokens(int layer) const noexcept { return valid(layer) ? store_.layer(layer).total : 0; }
-  /// Tokens of `layer` currently held by KV head `kv_head` (after eviction).
+  /// Tokens of `layer` currently held by KV head `kv_head` (after eviction; Demote<>: the high tier).
   [[nodiscard]] std::int64_t held_tokens(int layer, int kv_head = 0) const noexcept {
     if (!valid(layer, kv_head)) return 0;
     const auto& L = store_.layer(layer);
     return L.sinks_held + (evicts ? L.heads[static_cast<std::size_t>(kv_head)].live : L.committed) + L.pend.size();
+  }
+  /// Demote<> only: tokens of `layer` that KV head `kv_head` holds in its low-precision tier.
+  [[nodiscard]] std::int64_t demoted_tokens(int layer, int kv_head = 0) const noexcept requires(demotes) {
+    return valid(layer, kv_head) ? store_.tier().head(layer, kv_head).rows() : 0;
   }
   /// Tokens of `layer` stored quantized in blocks (the rest are full precision); KV head 0.
   [[nodiscard]] std::int64_t quantized_tokens(int layer) const noexcept {
@@ -391,6 +410,7 @@ class KVCache {
 
   /// Decodes everything (layer, kv_head) holds as attention reads it (except that attention reads
   /// the latest chunk exactly), sorted by cache index; `indices` gives each row's cache index.
+  /// Demote<>: the low tier's rows too, as its codecs decode them.
   /// Errc::invalid_argument for bad indices; with Offload<>, the fetch errors of attend().
   [[nodiscard]] Result<HeadContents> read_back(int layer, int kv_head) const {
     if (!valid(layer, kv_head)) return fail(Errc::invalid_argument, "read_back: layer or kv_head out of range");
@@ -415,10 +435,13 @@ class KVCache {
         job.args.key_mass = ws_.head_mass[h].data();
       }
     }
-    kernels::attend_parallel(std::span<const kernels::HeadJob>(ws_.jobs), ws_.splits, ws_.exec, ws_.parallel,
+    kernels::attend_parallel(std::span<const kernels::HeadJob>(ws_.jobs), demotes ? 1 : ws_.splits, ws_.exec, ws_.parallel,
                              [this](const kernels::AttendArgs& a, const kernels::HeadSegments& seg, kernels::Scratch& s) {
                                codec_hook::attend(a, seg, store_.layout(), s);
                              });
+    if constexpr (demotes)  // heads unsplit: part h's scratch keeps head h's softmax state; low tiers follow serially
+      for (std::size_t h = 0; h < H; ++h)
+        attend_demoted(store_.tier(), layer, static_cast<int>(h), ws_.jobs[h].args, ws_.parallel.scratch[h], ws_.tier);
   }
 
   [[nodiscard]] bool valid(int layer, int kv_head = 0) const noexcept {

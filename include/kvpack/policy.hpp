@@ -23,6 +23,7 @@ struct blocks {};
 struct backend {};
 struct eviction {};
 struct offload {};  ///< NoOffload (default, include/kvpack/cache/offload_hooks.hpp) or offload::Offload<...>
+struct demotion {};  ///< NoDemotion (default) or Demote<Keys<LK>, Values<LV>>
 }  // namespace role
 
 /// Key grouping axis: groups run along head_dim within each token (per-token, the default).
@@ -125,5 +126,32 @@ using find_role_t = pick_or_t<has_role<Role>::template pred, Default, Ps...>;
 template <class Role, class... Ps>
 inline constexpr int role_count_v = count_if_v<has_role<Role>::template pred, Ps...>;
 }  // namespace detail
+
+/// Demotion instead of deletion (MiKV, "No Token Left Behind", Yang et al. 2024,
+/// arXiv:2402.18096): the tokens an eviction policy drops are re-coded into a low-precision tier
+/// of the same cache, with K codec LowKeys::codec and V codec LowValues::codec (per token, e.g.
+/// Demote<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>>), and attention reads both tiers
+/// (include/kvpack/cache/demotion_tier.hpp). Needs an eviction policy; sinks and the recent
+/// window stay as the policy keeps them. Default: NoDemotion (dropped tokens are deleted).
+template <class LowKeys, class LowValues>
+struct Demote {
+  static_assert(std::is_same_v<detail::role_of_t<LowKeys>, role::keys> &&
+                    std::is_same_v<detail::role_of_t<LowValues>, role::values>,
+                "kvpack::Demote<LowKeys, LowValues>: write Demote<Keys<Codec>, Values<Codec>>, e.g. "
+                "Demote<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>>");
+  static_assert(!LowKeys::per_channel,
+                "kvpack::Demote<Keys<Codec, PerChannel>, ...>: demoted tokens are coded one at a time; per-channel "
+                "low keys cannot hold single tokens (use Keys<Codec>)");
+  using kvpack_role = role::demotion;
+  using keys = LowKeys;
+  using values = LowValues;
+  static constexpr bool enabled = true;
+};
+
+/// No low tier: an evicted token is deleted (the default).
+struct NoDemotion {
+  using kvpack_role = role::demotion;
+  static constexpr bool enabled = false;
+};
 
 }  // namespace kvpack

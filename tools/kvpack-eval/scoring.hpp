@@ -10,16 +10,22 @@
 
 namespace kvpack_eval {
 
-/// Tokens held per (layer, KV head), the mean over all of them (tokens() for caches that do not evict).
+/// Tokens (layer l, KV head h) of `c` holds: after eviction where a policy evicts, both tiers
+/// with Demote<> (high + demoted), tokens() for caches that do not evict.
+template <class Cache>
+std::int64_t held_of(const Cache& c, int l, int h) {
+  if constexpr (requires { c.demoted_tokens(l, h); }) return c.held_tokens(l, h) + c.demoted_tokens(l, h);
+  else if constexpr (requires { c.held_tokens(l, h); }) return c.held_tokens(l, h);
+  else return c.tokens(l);
+}
+
+/// Tokens held per (layer, KV head) (held_of), the mean over all of them.
 template <class Cache>
 double mean_held(const Cache& c, int layers, int kv_heads) {
   double sum = 0;
   int cells = 0;
   for (int l = 0; l < layers; ++l)
-    for (int h = 0; h < kv_heads; ++h, ++cells) {
-      if constexpr (requires { c.held_tokens(l, h); }) sum += double(c.held_tokens(l, h));
-      else sum += double(c.tokens(l));
-    }
+    for (int h = 0; h < kv_heads; ++h, ++cells) sum += double(held_of(c, l, h));
   return cells ? sum / cells : 0;
 }
 
@@ -123,12 +129,8 @@ kvpack::Status Evaluator::score(PolicyStats& st, const Window& w, bool baseline,
   st.protocol = protocol_name<Cache>();
   st.kv_values = 0;
   for (int l = 0; l < m_.cfg.layers; ++l)
-    for (int h = 0; h < m_.cfg.kv_heads; ++h) {  // tokens held after eviction, where a policy evicts
-      if constexpr (requires { cache->held_tokens(l, h); })
-        st.kv_values += cache->held_tokens(l, h) * m_.cfg.head_dim * 2;
-      else
-        st.kv_values += cache->tokens(l) * m_.cfg.head_dim * 2;
-    }
+    for (int h = 0; h < m_.cfg.kv_heads; ++h)  // tokens held after eviction (Demote<>: both tiers)
+      st.kv_values += held_of(*cache, l, h) * m_.cfg.head_dim * 2;
   // Decode timing: greedy continuation, one token per forward (the output head included).
   RowMat lg;
   Eigen::Index next = 0;

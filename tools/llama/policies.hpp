@@ -170,6 +170,15 @@ using Registry = PolicyList<
     Policy<"int4-g32+sink-window-50-fixed", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<SinkWindowBudget<Fraction<1, 2>>, FixedBudget>>, false>,
     Policy<"int4-g32+sink-window-25-prompt", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<SinkWindowBudget<Fraction<1, 4>>, PromptOnce>>, false>,
     Policy<"int4-g32+sink-window-25-fixed", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<SinkWindowBudget<Fraction<1, 4>>, FixedBudget>>, false>,
+    // Demotion instead of deletion (issue 24 item 2, MiKV; include/kvpack/cache/demotion_tier.hpp):
+    // the same evictions, the dropped tokens re-coded into an INT4 or INT2 tier still attended.
+    Policy<"int4-g32+h2o-50+demote-int4", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, H2OBudget<Fraction<1, 2>>, Demote<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>>>, false>,
+    Policy<"int4-g32+h2o-50+demote-int3", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, H2OBudget<Fraction<1, 2>>, Demote<Keys<Int3<Group<32>>>, Values<Int3<Group<32>>>>>, false>,
+    Policy<"int4-g32+h2o-50+demote-k4v2", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, H2OBudget<Fraction<1, 2>>, Demote<Keys<Int4<Group<32>>>, Values<Int2<Group<32>>>>>, false>,
+    Policy<"int4-g32+h2o-50+demote-int2", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, H2OBudget<Fraction<1, 2>>, Demote<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>>>, false>,
+    Policy<"int4-g32+h2o-50-fixed+demote-int2", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 2>>, FixedBudget>, Demote<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>>>, false>,
+    Policy<"int4-g32+snapkv-50-fixed+demote-int2", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<SnapKVBudget<Fraction<1, 2>>, FixedBudget>, Demote<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>>>, false>,
+    Policy<"int4-g32+sink-window-50-fixed+demote-int2", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<SinkWindowBudget<Fraction<1, 2>>, FixedBudget>, Demote<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>>>, false>,
     Policy<"reference", ReferenceCache, false>,
     Policy<"zero-v", ZeroValues<KVCache<Keys<Fp32>, Values<Fp32>>>, false>>;
 

@@ -16,8 +16,12 @@
 
 namespace kvpack {
 
+/// Whether store type St holds a Demote<> low-precision tier (cache/demotion_tier.hpp).
+template <class St>
+concept DemotingStore = St::tier_type::enabled;
+
 /// Decodes everything (layer li, KV head h) of `st` holds as attention reads it (the latest chunk
-/// aside), sorted by cache index. Errors: the fetch errors of off.hold for offloaded blocks;
+/// aside), sorted by cache index; with a demotion tier, its rows too (decoded by the low codecs). Errors: the fetch errors of off.hold for offloaded blocks;
 /// Errc::corrupt_data for an offloaded payload whose size disagrees with its header (count, modes).
 template <class St, class Offload>
 [[nodiscard]] Result<HeadContents> read_back_head(const St& st, const Offload& off, int li, int h) {
@@ -75,6 +79,23 @@ template <class St, class Offload>
       tp.push_back(p);
     }
   }
+  if constexpr (DemotingStore<St>) {  // the low tier: rows in demotion order
+    const auto& T = st.tier();
+    const auto& LH = T.head(li, h);
+    const BlockLayout& TL = T.layout();
+    for (std::size_t bi = 0; bi < LH.blocks.size(); ++bi) {
+      const auto& b = LH.blocks[bi];
+      St::tier_type::low_hook::decode(TL, b.data.get(), b.header.flags, b.header.count, s);
+      for (std::size_t t = 0; t < b.header.count; ++t) {
+        order.emplace_back(LH.tokens[bi * static_cast<std::size_t>(TL.tokens) + t], tp.size());
+        tk.insert(tk.end(), s.k_tile.begin() + static_cast<std::ptrdiff_t>(t * D), s.k_tile.begin() + static_cast<std::ptrdiff_t>((t + 1) * D));
+        tv.insert(tv.end(), s.v_tile.begin() + static_cast<std::ptrdiff_t>(t * D), s.v_tile.begin() + static_cast<std::ptrdiff_t>((t + 1) * D));
+        std::int32_t p;
+        std::memcpy(&p, b.data.get() + TL.positions + t * sizeof p, sizeof p);
+        tp.push_back(p);
+      }
+    }
+  }
   std::sort(order.begin(), order.end());
   for (const auto& [index, r] : order) {
     c.k.insert(c.k.end(), tk.begin() + static_cast<std::ptrdiff_t>(r * D), tk.begin() + static_cast<std::ptrdiff_t>((r + 1) * D));
@@ -110,6 +131,7 @@ template <class St, class Hook>
     total += static_cast<std::size_t>(L.sinks_held + L.pend.size()) * fp_row;
     ++li;
   }
+  if constexpr (DemotingStore<St>) total += st.tier().held_bytes();
   return total;
 }
 
@@ -127,6 +149,7 @@ template <class St, class Hook>
     total += (L.sink_k.capacity() + L.sink_v.capacity() + L.chunk_k.capacity() + L.chunk_v.capacity()) * sizeof(float) +
              L.sink_pos.capacity() * sizeof(std::int32_t) + L.pend.allocated_bytes();
   }
+  if constexpr (DemotingStore<St>) total += st.tier().allocated_bytes();
   return total;
 }
 
@@ -140,7 +163,8 @@ struct StoredBits {
 };
 
 /// StoredBits of `st`: per block from its header (token count, keyframe modes); with eviction,
-/// per live slot (codec bytes per token; no keyframe codecs there).
+/// per live slot (codec bytes per token; no keyframe codecs there); with a demotion tier, plus
+/// its low rows at the low codecs' bytes per token.
 template <class St>
 [[nodiscard]] StoredBits stored_bits_of(const St& st) noexcept {
   const auto& BL = st.layout();
@@ -158,6 +182,11 @@ template <class St>
         }
       }
     }
+  if constexpr (DemotingStore<St>) {
+    const auto low = static_cast<std::size_t>(st.tier().rows());
+    kb += low * st.tier().layout().k_bytes(1), vb += low * st.tier().layout().v_bytes(1);
+    tokens += static_cast<std::int64_t>(low);
+  }
   StoredBits r;
   r.values = tokens * st.shape().head_dim;
   if (r.values > 0) {

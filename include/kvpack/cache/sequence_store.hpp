@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kvpack/cache/block.hpp"
+#include "kvpack/cache/demotion_tier.hpp"
 #include "kvpack/cache/exact_segments.hpp"
 #include "kvpack/cache/head_store.hpp"
 #include "kvpack/cache/pending_rows.hpp"
@@ -28,11 +29,16 @@
 namespace kvpack {
 
 /// Storage and token lifecycle of one sequence: Codec is a CodecHook, SinkTokens / ResidualTokens
-/// the Sinks<N> / Residual<R> counts, Evicts whether blocks hold reusable slots.
-template <class Codec, int SinkTokens, int ResidualTokens, bool Evicts>
+/// the Sinks<N> / Residual<R> counts, Evicts whether blocks hold reusable slots, Tier the
+/// low-precision tier that evicted tokens are demoted to (DemotionTier, cache/demotion_tier.hpp;
+/// NoDemotionTier: they are deleted).
+template <class Codec, int SinkTokens, int ResidualTokens, bool Evicts, class Tier = NoDemotionTier>
 class SequenceStore {
+  static_assert(!Tier::enabled || Evicts, "SequenceStore: a demotion tier needs an evicting store");
+
  public:
   using codec = Codec;                                    ///< the CodecHook
+  using tier_type = Tier;                                 ///< the demotion tier (NoDemotionTier: none)
   static constexpr int sink_tokens = SinkTokens;          ///< Sinks<N>
   static constexpr int residual_tokens = ResidualTokens;  ///< Residual<R>
   static constexpr bool evicts = Evicts;                  ///< blocks hold reusable slots
@@ -52,10 +58,11 @@ class SequenceStore {
         layout_(make_block_layout<typename Codec::key_codec, typename Codec::value_codec, Codec::keys_per_channel>(
             block_tokens, shape.head_dim)),
         proto_(Codec::header(shape.head_dim)) {
+    if constexpr (Tier::enabled) tier_ = Tier(shape, block_tokens);
     reset();
   }
   SequenceStore(SequenceStore&& o) noexcept
-      : shape_(o.shape_), layout_(o.layout_), proto_(o.proto_), layers_(std::move(o.layers_)) {
+      : shape_(o.shape_), layout_(o.layout_), proto_(o.proto_), layers_(std::move(o.layers_)), tier_(std::move(o.tier_)) {
     o.layers_.clear();
     o.shape_.layers = 0;
   }
@@ -63,6 +70,7 @@ class SequenceStore {
     if (this != &o) {
       wipe();
       shape_ = o.shape_, layout_ = o.layout_, proto_ = o.proto_, layers_ = std::move(o.layers_);
+      tier_ = std::move(o.tier_);
       o.layers_.clear();
       o.shape_.layers = 0;
     }
@@ -76,6 +84,8 @@ class SequenceStore {
   [[nodiscard]] Layer& layer(int li) noexcept { return layers_[static_cast<std::size_t>(li)]; }
   [[nodiscard]] const Layer& layer(int li) const noexcept { return layers_[static_cast<std::size_t>(li)]; }
   [[nodiscard]] std::span<const Layer> layers() const noexcept { return layers_; }
+  /// The demotion tier (a NoDemotionTier without Demote<>).
+  [[nodiscard]] const Tier& tier() const noexcept { return tier_; }
   [[nodiscard]] std::size_t row_floats() const noexcept {
     return static_cast<std::size_t>(shape_.kv_heads) * static_cast<std::size_t>(shape_.head_dim);
   }
@@ -90,9 +100,25 @@ class SequenceStore {
     }
   }
 
+  /// Drops live `slot` of KV head h of layer li (an eviction policy's victim): with a demotion
+  /// tier its K/V row is first re-coded into the low tier (DemotionTier::demote), then the slot is
+  /// evicted (zeroed and freed, HeadStore::evict_slot). Without one, exactly evict_slot.
+  void drop_slot(int li, int h, std::int64_t slot) noexcept(!Tier::enabled) {
+    HeadStore& H = layer(li).heads[static_cast<std::size_t>(h)];
+    if constexpr (Tier::enabled) tier_.demote(layout_, H, slot, li, h);
+    H.evict_slot(slot, layout_);
+  }
+  /// Demotes live `slot` of KV head h of layer li without evicting it (block-granular eviction
+  /// forgets its slots itself); a no-op without a demotion tier or for a free slot.
+  void demote_slot(int li, int h, std::int64_t slot) {
+    if constexpr (Tier::enabled) tier_.demote(layout_, layer(li).heads[static_cast<std::size_t>(h)], slot, li, h);
+    else (void)li, (void)h, (void)slot;
+  }
+
   /// Empties every layer (zeroing first) and sizes them for the shape.
   void reset() {
     wipe();
+    if constexpr (Tier::enabled) tier_.reset();
     layers_.resize(static_cast<std::size_t>(shape_.layers));
     for (Layer& L : layers_) {
       L.heads.resize(static_cast<std::size_t>(shape_.kv_heads));
@@ -130,6 +156,13 @@ class SequenceStore {
         if constexpr (Hook::evicts_continuously)
           if (hook.budget() > 0) after = std::min(after, std::max(H.slots(), hook.budget() + unit));
         H.reserve_slots(after, true, layout_, proto_);
+        // Every slot evicted in this append is demoted: at most what exceeds the budget after it
+        // (plus one block for block-granular eviction), never more than the slots and pending tokens.
+        if constexpr (Tier::enabled) {
+          const std::int64_t held = L.sinks_held + H.live + L.pend.size() + n;
+          const std::int64_t over = std::clamp<std::int64_t>(held - hook.budget() + layout_.tokens, 0, H.live + L.pend.size() + n);
+          tier_.reserve(li, static_cast<int>(&H - L.heads.data()), over);
+        }
       } else {
         H.reserve_slots(L.committed + n_commit, false, layout_, proto_);
       }
@@ -255,6 +288,7 @@ class SequenceStore {
       L.pend.wipe();
     }
     layers_.clear();
+    if constexpr (Tier::enabled) tier_.wipe();
   }
 
  private:
@@ -262,6 +296,7 @@ class SequenceStore {
   BlockLayout layout_;
   BlockHeader proto_;
   std::vector<Layer> layers_;
+  [[no_unique_address]] Tier tier_;  // the low-precision tier of demoted tokens (empty without Demote<>)
 };
 
 }  // namespace kvpack

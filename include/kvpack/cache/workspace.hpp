@@ -10,6 +10,13 @@
 
 namespace kvpack {
 
+/// Scratch of the low tier's attention in a Demote<> cache (cache/demoted_attend.hpp).
+struct TierScratch {
+  kernels::Scratch scratch;             ///< the low codecs' kernel working memory
+  std::vector<kernels::BlockRef> refs;  ///< low-tier blocks of the KV head being attended
+  std::vector<float> out, m, l;         ///< low-tier output [n_states][D]; the high run's max and sum
+};
+
 /// Reusable scratch (grown on demand, never shrunk): kernel tiles, block refs of one KV head,
 /// key-mass arrays. Holds no token data between calls.
 struct Workspace {
@@ -22,6 +29,7 @@ struct Workspace {
   kernels::ParallelScratch parallel;         ///< working memory of kernels::attend_parallel
   std::vector<std::vector<kernels::BlockRef>> head_refs;  ///< block refs of every KV head (parallel attend)
   std::vector<kernels::HeadJob> jobs;        ///< one kernel job per KV head (parallel attend)
+  TierScratch tier;                          ///< the low tier's attention (Demote<> caches only)
 };
 
 }  // namespace kvpack

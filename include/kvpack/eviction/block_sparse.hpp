@@ -73,7 +73,7 @@ class BlockSparseHook : public HookDefaults {
         if (victim < 0 || score < best) victim = static_cast<std::int64_t>(b), best = score;
       }
       if (victim < 0) break;
-      evict_block(H, m, static_cast<std::size_t>(victim));
+      evict_block(st, li, h, m, static_cast<std::size_t>(victim));
     }
     std::size_t live_blocks = 0;
     for (std::uint64_t w : m.words) live_blocks += static_cast<std::size_t>(std::popcount(w));
@@ -118,12 +118,18 @@ class BlockSparseHook : public HookDefaults {
       m.words[m.blocks / 64] |= std::uint64_t{1} << (m.blocks % 64);
     }
   }
-  // Masks out block b (bit cleared, slots forgotten). The block bit alone hides the block from
-  // attention; the payload is zeroed and freed by the next compaction.
-  static void evict_block(HeadStore& H, Mask& m, std::size_t b) {
+  // Masks out block b of KV head h of layer li (bit cleared, slots demoted with Demote<> and
+  // forgotten). The block bit alone hides the block from attention; the payload is zeroed and
+  // freed by the next compaction.
+  template <class St>
+  static void evict_block(St& st, int li, int h, Mask& m, std::size_t b) {
+    HeadStore& H = st.layer(li).heads[static_cast<std::size_t>(h)];
     m.words[b / 64] &= ~(std::uint64_t{1} << (b % 64));
-    for (std::size_t t = 0; t < static_cast<std::size_t>(P::block_tokens); ++t)
-      H.forget_slot(static_cast<std::int64_t>(b * static_cast<std::size_t>(P::block_tokens) + t));
+    for (std::size_t t = 0; t < static_cast<std::size_t>(P::block_tokens); ++t) {
+      const auto slot = static_cast<std::int64_t>(b * static_cast<std::size_t>(P::block_tokens) + t);
+      st.demote_slot(li, h, slot);
+      H.forget_slot(slot);
+    }
     ++H.blocks[b].header.version;
   }
   template <class St>
