@@ -21,6 +21,7 @@
 #include "kvpack/cache/block_import.hpp"
 #include "kvpack/cache/codec_hook.hpp"
 #include "kvpack/cache/demoted_attend.hpp"
+#include "kvpack/cache/input_checks.hpp"
 #include "kvpack/cache/inspect.hpp"
 #include "kvpack/cache/offload_hooks.hpp"
 #include "kvpack/cache/sequence_store.hpp"
@@ -213,8 +214,8 @@ class KVCache {
         return fail(Errc::invalid_argument, "append: layer " + std::to_string(layer) + ": negative position " +
                                                 std::to_string(positions[static_cast<std::size_t>(t)]) + " at token " +
                                                 std::to_string(t) + " of the chunk");
-    if (Status s = check_finite(layer, L.total, k, "K"); !s) return s;
-    if (Status s = check_finite(layer, L.total, v, "V"); !s) return s;
+    if (Status s = cache_detail::check_finite_rows(shape(), layer, L.total, k, "K"); !s) return s;
+    if (Status s = cache_detail::check_finite_rows(shape(), layer, L.total, v, "V"); !s) return s;
     return catch_alloc("append", 0, [&] { return append_tokens<evicts>(store_, hook_, ws_, off_, layer, k, v, positions); });
   }
 
@@ -244,25 +245,14 @@ class KVCache {
   /// error and untouched after the others. Errc::out_of_memory (cache unchanged) when scratch cannot grow.
   Status attend(int layer, std::span<const float> q, std::span<float> out) {
     if (Status s = check_layer("attend", layer); !s) return s;
+    const auto& L = store_.layer(layer);
+    if (Status s = cache_detail::check_queries(shape(), layer, L.chunk_tokens, q, out, -1); !s) return s;
     const int D = shape().head_dim;
     const std::size_t qrow = static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(D);
-    if (q.empty() || q.size() % qrow != 0 || out.size() != q.size())
-      return fail(Errc::invalid_argument, "attend: q has " + std::to_string(q.size()) + " floats and out " +
-                                              std::to_string(out.size()) +
-                                              "; both must be n_q * q_heads * head_dim with n_q >= 1");
-    const auto& L = store_.layer(layer);
     const auto n_q = static_cast<std::int64_t>(q.size() / qrow);
-    if (n_q > L.chunk_tokens)
-      return fail(Errc::invalid_argument, "attend: layer " + std::to_string(layer) + ": " + std::to_string(n_q) +
-                                              " queries but the latest append held " + std::to_string(L.chunk_tokens) + " tokens");
     auto where = [&](std::size_t i) {
       return "query " + std::to_string(i / qrow) + ", q head " + std::to_string((i % qrow) / static_cast<std::size_t>(D));
     };
-    for (std::size_t i = 0; i < q.size(); ++i)
-      if (!std::isfinite(q[i]))
-        return fail(Errc::non_finite, "attend: non-finite q value " + std::to_string(q[i]) + " at layer " +
-                                          std::to_string(layer) + ", " + where(i) + ", channel " +
-                                          std::to_string(i % static_cast<std::size_t>(D)));
     const int group = shape().q_heads / shape().kv_heads;
     return catch_alloc("attend", 0, [&]() -> Status {  // std::bad_alloc: Errc::out_of_memory, cache unchanged
       if (Status s = off_.begin_attend(layer); !s) return s;  // prefetch next layers, pin this one's blocks
@@ -451,17 +441,6 @@ class KVCache {
     if (valid(layer)) return {};
     return fail(Errc::invalid_argument, std::string(what) + ": layer " + std::to_string(layer) + " out of range [0, " +
                                             std::to_string(shape().layers) + ")");
-  }
-  Status check_finite(int layer, std::int64_t first_index, std::span<const float> x, const char* what) const {
-    const std::size_t row = store_.row_floats(), D = static_cast<std::size_t>(shape().head_dim);
-    for (std::size_t i = 0; i < x.size(); ++i)
-      if (!std::isfinite(x[i]))
-        return fail(Errc::non_finite, std::string("append: non-finite ") + what + " value " + std::to_string(x[i]) +
-                                          " at layer " + std::to_string(layer) + ", kv head " + std::to_string((i % row) / D) +
-                                          ", token " + std::to_string(i / row) + " of the chunk (cache index " +
-                                          std::to_string(first_index + static_cast<std::int64_t>(i / row)) + "), channel " +
-                                          std::to_string(i % D) + "; nothing was appended");
-    return {};
   }
 
   store_type store_;               // per-sequence tokens and blocks

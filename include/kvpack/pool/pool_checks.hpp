@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 
+#include "kvpack/cache/input_checks.hpp"
 #include "kvpack/cache/shape.hpp"
 #include "kvpack/kernels/dispatch.hpp"
 #include "kvpack/result.hpp"
@@ -33,38 +34,12 @@ namespace kvpack::pool_detail {
     if (positions[t] < 0)
       return fail(Errc::invalid_argument, at + ": negative position " + std::to_string(positions[t]) + " at token " +
                                               std::to_string(t) + " of the chunk");
-  const std::size_t D = static_cast<std::size_t>(shape.head_dim);
   for (const auto& [x, name] : {std::pair{k, "K"}, std::pair{v, "V"}})
-    for (std::size_t i = 0; i < x.size(); ++i)
-      if (!std::isfinite(x[i]))
-        return fail(Errc::non_finite, std::string("append: non-finite ") + name + " value " + std::to_string(x[i]) + " at layer " +
-                                          std::to_string(layer) + ", kv head " + std::to_string((i % row) / D) + ", token " +
-                                          std::to_string(i / row) + " of the chunk (cache index " +
-                                          std::to_string(held + static_cast<std::int64_t>(i / row)) + "), channel " +
-                                          std::to_string(i % D) + "; nothing was appended");
+    if (Status f = cache_detail::check_finite_rows(shape, layer, held, x, name); !f) return f;
   return {};
 }
 
-/// Checks the queries of one sequence (`seq` >= 0 names it in a batch): whole tokens, sizes,
-/// n_q within the latest append (chunk_tokens), finite values.
-[[nodiscard]] inline Status check_queries(const ModelShape& shape, int layer, std::int64_t chunk_tokens,
-                                          std::span<const float> q, std::span<const float> out, std::int64_t seq) {
-  const std::string who = seq >= 0 ? "attend_batch: sequence " + std::to_string(seq) + " of the batch" : "attend";
-  const std::size_t D = static_cast<std::size_t>(shape.head_dim), qrow = static_cast<std::size_t>(shape.q_heads) * D;
-  if (q.empty() || q.size() % qrow != 0 || out.size() != q.size())
-    return fail(Errc::invalid_argument, who + ": q has " + std::to_string(q.size()) + " floats and out " +
-                                            std::to_string(out.size()) + "; both must be n_q * q_heads * head_dim with n_q >= 1");
-  const auto n_q = static_cast<std::int64_t>(q.size() / qrow);
-  if (n_q > chunk_tokens)
-    return fail(Errc::invalid_argument, who + ": layer " + std::to_string(layer) + ": " + std::to_string(n_q) +
-                                            " queries but the latest append held " + std::to_string(chunk_tokens) + " tokens");
-  for (std::size_t i = 0; i < q.size(); ++i)
-    if (!std::isfinite(q[i]))
-      return fail(Errc::non_finite, who + ": non-finite q value " + std::to_string(q[i]) + " at layer " + std::to_string(layer) +
-                                        ", query " + std::to_string(i / qrow) + ", q head " + std::to_string((i % qrow) / D) +
-                                        ", channel " + std::to_string(i % D));
-  return {};
-}
+using cache_detail::check_queries;  // attend / attend_batch queries: the same rules as KVCache::attend
 
 /// Errc::non_finite when an attention output is not finite (a logit overflowed fp32).
 [[nodiscard]] inline Status check_output(const ModelShape& shape, int layer, std::span<const float> out, std::int64_t seq) {

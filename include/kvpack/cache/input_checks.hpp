@@ -1,0 +1,54 @@
+// Argument checks that KVCache and PagedCache share, so each bad input gets one rule and one
+// message whichever cache receives it: non-finite K/V rows of an append, and the queries of an
+// attend (sizes, n_q within the latest append, finite values).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "kvpack/cache/shape.hpp"
+#include "kvpack/result.hpp"
+
+namespace kvpack::cache_detail {
+
+/// Errc::non_finite for the first NaN/Inf in `x` ([n][kv_heads][head_dim] K or V rows of an
+/// append, `what` = "K" or "V"), naming layer, KV head, token of the chunk, cache index
+/// (first_index + token) and channel; nothing appended. OK when every value is finite.
+[[nodiscard]] inline Status check_finite_rows(const ModelShape& shape, int layer, std::int64_t first_index,
+                                              std::span<const float> x, const char* what) {
+  const std::size_t D = static_cast<std::size_t>(shape.head_dim), row = static_cast<std::size_t>(shape.kv_heads) * D;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    if (!std::isfinite(x[i]))
+      return fail(Errc::non_finite, std::string("append: non-finite ") + what + " value " + std::to_string(x[i]) +
+                                        " at layer " + std::to_string(layer) + ", kv head " + std::to_string((i % row) / D) +
+                                        ", token " + std::to_string(i / row) + " of the chunk (cache index " +
+                                        std::to_string(first_index + static_cast<std::int64_t>(i / row)) + "), channel " +
+                                        std::to_string(i % D) + "; nothing was appended");
+  return {};
+}
+
+/// Checks the queries of one sequence (`seq` >= 0 names it in a batch): whole tokens, sizes,
+/// n_q within the latest append (chunk_tokens), finite values.
+[[nodiscard]] inline Status check_queries(const ModelShape& shape, int layer, std::int64_t chunk_tokens,
+                                          std::span<const float> q, std::span<const float> out, std::int64_t seq) {
+  const std::string who = seq >= 0 ? "attend_batch: sequence " + std::to_string(seq) + " of the batch" : "attend";
+  const std::size_t D = static_cast<std::size_t>(shape.head_dim), qrow = static_cast<std::size_t>(shape.q_heads) * D;
+  if (q.empty() || q.size() % qrow != 0 || out.size() != q.size())
+    return fail(Errc::invalid_argument, who + ": q has " + std::to_string(q.size()) + " floats and out " +
+                                            std::to_string(out.size()) + "; both must be n_q * q_heads * head_dim with n_q >= 1");
+  const auto n_q = static_cast<std::int64_t>(q.size() / qrow);
+  if (n_q > chunk_tokens)
+    return fail(Errc::invalid_argument, who + ": layer " + std::to_string(layer) + ": " + std::to_string(n_q) +
+                                            " queries but the latest append held " + std::to_string(chunk_tokens) + " tokens");
+  for (std::size_t i = 0; i < q.size(); ++i)
+    if (!std::isfinite(q[i]))
+      return fail(Errc::non_finite, who + ": non-finite q value " + std::to_string(q[i]) + " at layer " + std::to_string(layer) +
+                                        ", query " + std::to_string(i / qrow) + ", q head " + std::to_string((i % qrow) / D) +
+                                        ", channel " + std::to_string(i % D));
+  return {};
+}
+
+}  // namespace kvpack::cache_detail
