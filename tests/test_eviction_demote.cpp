@@ -133,6 +133,7 @@ void run(int p) {
     const auto rc = c.read_back(0, h).value(), rf = full.read_back(0, h).value();
     const auto kept = kvtest::kept_indices(plain, 0, h);
     ASSERT_EQ(rc.indices, rf.indices);
+    EXPECT_EQ(rc.positions, rf.positions) << "a demoted row keeps its token's position (CASES C7)";
     for (std::size_t r = 0; r < rc.indices.size(); ++r) {
       if (std::find(kept.begin(), kept.end(), rc.indices[r]) != kept.end()) continue;
       expect_recoded<typename C::low_k>(rc.k.data() + r * D, rf.k.data() + r * D, rc.indices[r], "K");
