@@ -1,5 +1,5 @@
 // Demote<Keys<LK>, Values<LV>> (issue 24 item 2; MiKV, "No Token Left Behind", Yang et al. 2024):
-// every eviction policy (SinkWindow, H2O, SnapKV, BlockSparse under Protocol<P, FixedBudget>)
+// every eviction policy (SinkWindow, H2O, SnapKV, BlockSparse, TOVA under Protocol<P, FixedBudget>)
 // with INT4 high blocks and an INT4 or INT2 low tier, on the scalar backend and Backend<Auto>:
 // (a) nothing is lost: high + low rows = every token appended, read_back lists each cache index
 // once; (b) attention equals float64 attention over the read_back rows (mixed precisions inside
@@ -34,6 +34,7 @@ using SW = Protocol<SinkWindowBudget<Fraction<1, 2>, 4>, FixedBudget>;
 using HH = Protocol<H2OBudget<Fraction<1, 2>, 2>, FixedBudget>;
 using SK = Protocol<SnapKVBudget<Fraction<1, 2>, 8, 3>, FixedBudget>;
 using BS = Protocol<BlockSparse<Fraction<1, 2>, 8, 1, 1>, FixedBudget>;
+using TV = Protocol<TOVA<16, 2>, FixedBudget>;
 
 // One case: eviction policy P, demotion policy Dm, backend tag Tag. `plain` is the same cache
 // without Demote<> (the pure-eviction twin).
@@ -51,7 +52,8 @@ class EvictionDemote : public ::testing::Test {};
 using Cases = ::testing::Types<Case<SW, Low4, Scalar>, Case<SW, Low2, Scalar>, Case<SW, Low2, Auto>,
                                Case<HH, Low4, Scalar>, Case<HH, Low2, Scalar>, Case<HH, Low4, Auto>, Case<HH, Low2, Auto>,
                                Case<SK, Low4, Scalar>, Case<SK, Low2, Scalar>, Case<SK, Low2, Auto>,
-                               Case<BS, Low4, Scalar>, Case<BS, Low2, Auto>>;
+                               Case<BS, Low4, Scalar>, Case<BS, Low2, Auto>,
+                               Case<TV, Low4, Scalar>, Case<TV, Low2, Auto>>;
 TYPED_TEST_SUITE(EvictionDemote, Cases);
 
 const ModelShape kShape{.layers = 1, .q_heads = QH, .kv_heads = KH, .head_dim = D, .max_tokens = 512};

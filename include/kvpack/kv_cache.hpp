@@ -362,6 +362,8 @@ class KVCache {
   [[nodiscard]] std::int64_t demoted_tokens(int layer, int kv_head = 0) const noexcept requires(demotes) {
     return valid(layer, kv_head) ? store_.tier().head(layer, kv_head).rows() : 0;
   }
+  /// Demote<> only: the low tier itself (its blocks, cap and rows; cache/demotion_tier.hpp), read-only.
+  [[nodiscard]] const tier_type& demotion_tier() const noexcept requires(demotes) { return store_.tier(); }
   /// Tokens of `layer` stored quantized in blocks (the rest are full precision); KV head 0.
   [[nodiscard]] std::int64_t quantized_tokens(int layer) const noexcept {
     if (!valid(layer)) return 0;

@@ -4,6 +4,7 @@
 
 #include <type_traits>
 
+#include "kvpack/cache/demotion_budget.hpp"
 #include "kvpack/codec/concepts.hpp"
 #include "kvpack/codec/float_codec.hpp"
 #include "kvpack/codec/fp8_codec.hpp"
@@ -133,7 +134,11 @@ inline constexpr int role_count_v = count_if_v<has_role<Role>::template pred, Ps
 /// Demote<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>>), and attention reads both tiers
 /// (include/kvpack/cache/demotion_tier.hpp). Needs an eviction policy; sinks and the recent
 /// window stay as the policy keeps them. Default: NoDemotion (dropped tokens are deleted).
-template <class LowKeys, class LowValues>
+/// The third parameter caps the low tier per (layer, KV head) (cache/demotion_budget.hpp): Tokens<N>
+/// or Fraction<Num, Den> of max_tokens rows, or Fp16Share<Num, Den>, a byte budget for both tiers
+/// (Num/Den of an fp16 cache of max_tokens); past the cap the oldest demoted row is deleted.
+/// Default Unbounded: every dropped token stays in the low tier.
+template <class LowKeys, class LowValues, class LowBudget = Unbounded>
 struct Demote {
   static_assert(std::is_same_v<detail::role_of_t<LowKeys>, role::keys> &&
                     std::is_same_v<detail::role_of_t<LowValues>, role::values>,
@@ -142,7 +147,11 @@ struct Demote {
   static_assert(!LowKeys::per_channel,
                 "kvpack::Demote<Keys<Codec, PerChannel>, ...>: demoted tokens are coded one at a time; per-channel "
                 "low keys cannot hold single tokens (use Keys<Codec>)");
+  static_assert(LowTierBudget<LowBudget>,
+                "kvpack::Demote<Keys<LK>, Values<LV>, Budget>: Budget must be Tokens<N>, Fraction<Num, Den>, "
+                "Fp16Share<Num, Den> or Unbounded");
   using kvpack_role = role::demotion;
+  using budget = LowBudget;
   using keys = LowKeys;
   using values = LowValues;
   static constexpr bool enabled = true;

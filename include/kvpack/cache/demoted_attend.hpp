@@ -30,7 +30,8 @@ struct demotion_tier_of {
 };
 template <class D, class High, class BackendTag>
 struct demotion_tier_of<D, High, BackendTag, true> {
-  using type = DemotionTier<High, CodecHook<typename D::keys::codec, typename D::values::codec, false, BackendTag>>;
+  using type = DemotionTier<High, CodecHook<typename D::keys::codec, typename D::values::codec, false, BackendTag>,
+                            typename D::budget>;
 };
 
 /// Merges a second partial attention into a first, for n_states query states of head_dim D.

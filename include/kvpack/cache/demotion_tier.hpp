@@ -8,18 +8,22 @@
 //     low block payload: [B][low K codes + meta], [B][low V codes + meta], [B] int32 positions
 // (BlockLayout of Low). A demoted row is decoded from its high block exactly as the kernel reads
 // it (High::decode, as read_back does), then encoded by the low codecs (per token: each row on its
-// own, so codes do not depend on which tokens were demoted with it). Low rows are never scored
-// nor evicted again (a budget over the low tier is future work); all of them are older than any
-// query, so the kernel reads them without a causal mask. NoDemotionTier is the default: it holds
-// nothing and every call compiles away.
+// own, so codes do not depend on which tokens were demoted with it). Low rows are never scored.
+// A cap (set_cap: the Demote<> budget, cache/demotion_budget.hpp) bounds the live low rows per
+// (layer, KV head): past it the OLDEST demoted row is deleted first (FIFO: its bytes zeroed, its
+// valid bit cleared; a front block whose rows are all gone is zeroed and reused). All low rows are
+// older than any query, so the kernel reads them without a causal mask (the front block through
+// its valid mask). NoDemotionTier is the default: it holds nothing and every call compiles away.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "kvpack/cache/block.hpp"
+#include "kvpack/cache/demotion_budget.hpp"
 #include "kvpack/cache/head_store.hpp"
 #include "kvpack/cache/shape.hpp"
 #include "kvpack/detail/secure_zero.hpp"
@@ -34,7 +38,7 @@ struct NoDemotionTier {
 
 /// Low-precision tier of a cache whose high blocks are coded by CodecHook `High`, demoted rows by
 /// CodecHook `Low` (per-token K and V codecs, commit unit 1).
-template <class High, class Low>
+template <class High, class Low, LowTierBudget Budget = Unbounded>
 class DemotionTier {
   static_assert(!Low::keys_per_channel && Low::commit_unit == 1,
                 "kvpack::Demote<Keys<LK>, Values<LV>>: the low tier codes one token at a time: per-token keys "
@@ -43,12 +47,16 @@ class DemotionTier {
  public:
   static constexpr bool enabled = true;
   using low_hook = Low;
-  /// One (layer, KV head): low blocks (rows 0..rows-1 in demotion order) and each row's cache index.
+  /// One (layer, KV head): low blocks (row r at blocks[r / B], slot r % B, in demotion order) and
+  /// each row's cache index; the first `dropped` rows of blocks[0] were deleted by the cap.
   struct LowHead {
     std::vector<Block> blocks;
-    std::vector<std::int32_t> tokens;  ///< cache index of each row
+    std::vector<std::int32_t> tokens;  ///< cache index of each row of `blocks` (deleted ones included)
     std::vector<Block> spare;          ///< zeroed low blocks allocated ahead (reserve), used first
-    [[nodiscard]] std::int64_t rows() const noexcept { return static_cast<std::int64_t>(tokens.size()); }
+    std::int64_t dropped = 0;          ///< rows deleted at the front of blocks[0] (< B)
+    std::vector<std::uint64_t> front_valid;  ///< blocks[0]'s slot mask while dropped > 0
+    /// Live (attended) low rows.
+    [[nodiscard]] std::int64_t rows() const noexcept { return static_cast<std::int64_t>(tokens.size()) - dropped; }
   };
 
   DemotionTier() = default;
@@ -57,7 +65,12 @@ class DemotionTier {
       : shape_(shape),
         layout_(make_block_layout<typename Low::key_codec, typename Low::value_codec, false>(B, shape.head_dim)),
         one_(make_block_layout<typename High::key_codec, typename High::value_codec, false>(1, shape.head_dim)),
-        proto_(Low::header(shape.head_dim)) {
+        proto_(Low::header(shape.head_dim)),
+        budget_(resolve_low_cap<Budget>(shape.max_tokens, shape.head_dim,
+                                        make_block_layout<typename High::key_codec, typename High::value_codec,
+                                                          High::keys_per_channel>(B, shape.head_dim),
+                                        layout_)),
+        cap_(budget_.fixed) {
     reset();
   }
   DemotionTier(DemotionTier&&) noexcept = default;
@@ -65,6 +78,7 @@ class DemotionTier {
     if (this != &o) {
       wipe();
       shape_ = o.shape_, layout_ = o.layout_, one_ = o.one_, proto_ = o.proto_, heads_ = std::move(o.heads_);
+      budget_ = o.budget_, cap_ = o.cap_;
       one_block_ = std::move(o.one_block_), s_ = std::move(o.s_);
     }
     return *this;
@@ -73,6 +87,9 @@ class DemotionTier {
 
   [[nodiscard]] const BlockLayout& layout() const noexcept { return layout_; }
   [[nodiscard]] const LowHead& head(int li, int h) const noexcept { return heads_[index(li, h)]; }
+  /// Most live low rows per (layer, KV head) (cache/demotion_budget.hpp), as of the latest
+  /// demotion for a byte budget; -1: no cap (the default). 0: demotion is deletion.
+  [[nodiscard]] std::int64_t cap() const noexcept { return cap_; }
 
   /// Empties the tier (zeroing first) and sizes it for the shape.
   void reset() {
@@ -85,25 +102,33 @@ class DemotionTier {
   void reserve(int li, int h, std::int64_t rows) {
     LowHead& H = heads_[index(li, h)];
     const auto B = static_cast<std::size_t>(layout_.tokens);
-    const std::size_t after = static_cast<std::size_t>(H.rows() + rows);
+    std::size_t after = H.tokens.size() + static_cast<std::size_t>(rows);  // physical rows, deleted ones included
+    if (cap_ >= 0) after = std::min(after, static_cast<std::size_t>(cap_) + B);  // the cap recycles the rest
     reserve_geometric(H.tokens, after);
     const std::size_t blocks_after = (after + B - 1) / B;
     reserve_geometric(H.blocks, blocks_after);
-    reserve_geometric(H.spare, blocks_after - H.blocks.size());
+    reserve_geometric(H.spare, blocks_after + 1);  // + a recycled front block
+    if (cap_ >= 0) reserve_geometric(H.front_valid, static_cast<std::size_t>(words()));
     while (H.spare.size() + H.blocks.size() < blocks_after) H.spare.push_back(make_block(layout_, proto_));
     ready_row();
   }
 
   /// Demotes live `slot` of high head `Hs` (layer li, KV head h, high layout HL): decodes its K/V
   /// row as the kernel reads it, re-encodes it into the next low row with its position and cache
-  /// index. The caller evicts the slot afterwards. Allocates only past reserve() (may then throw
-  /// std::bad_alloc, leaving the tier as it was).
-  void demote(const BlockLayout& HL, const HeadStore& Hs, std::int64_t slot, int li, int h) {
+  /// index; at the cap, the oldest low rows are deleted first. `high_budget`: the evicting policy's
+  /// budget in tokens (a byte budget's share of the high tier; <= 0: unknown, the high rows held
+  /// now count). The caller evicts the slot afterwards. Allocates only past reserve() (may then
+  /// throw std::bad_alloc, leaving the tier as it was).
+  void demote(const BlockLayout& HL, const HeadStore& Hs, std::int64_t slot, int li, int h, std::int64_t high_budget) {
     const auto su = static_cast<std::size_t>(slot), B = static_cast<std::size_t>(HL.tokens);
     if (Hs.slot_token[su] < 0) return;  // a free slot holds no token
-    ready_row();
+    if (budget_.budget_bytes >= 0) cap_ = budget_.for_high(high_budget > 0 ? high_budget : Hs.live);
     LowHead& H = heads_[index(li, h)];
-    const auto r = static_cast<std::size_t>(H.rows()), LB = static_cast<std::size_t>(layout_.tokens);
+    if (cap_ >= 0)
+      while (H.rows() > 0 && H.rows() >= cap_) drop_oldest(H);
+    if (cap_ == 0) return;  // no room for low rows: deletion
+    ready_row();
+    const auto r = H.tokens.size(), LB = static_cast<std::size_t>(layout_.tokens);
     H.tokens.reserve(r + 1);
     if (r % LB == 0) {
       if (H.spare.empty()) H.spare.push_back(make_block(layout_, proto_));
@@ -135,7 +160,10 @@ class DemotionTier {
   /// older than any query), no mask. Written to `refs` (cleared first).
   void refs(int li, int h, std::vector<kernels::BlockRef>& refs) const {
     refs.clear();
-    for (const Block& b : heads_[index(li, h)].blocks) refs.push_back({b.data.get(), 0, b.header.count, nullptr, b.header.flags});
+    const LowHead& H = heads_[index(li, h)];
+    for (const Block& b : H.blocks)  // the front block through its mask once rows were deleted
+      refs.push_back({b.data.get(), 0, b.header.count, refs.empty() && H.dropped > 0 ? H.front_valid.data() : nullptr,
+                      b.header.flags});
   }
 
   /// Bytes held: per low block its used bytes (codes, metadata, positions) and header, plus 4
@@ -144,7 +172,7 @@ class DemotionTier {
     std::size_t t = 0;
     for (const LowHead& H : heads_) {
       for (const Block& b : H.blocks) t += layout_.used_bytes(b.header.count) + sizeof(BlockHeader);
-      t += H.tokens.size() * sizeof(std::int32_t);
+      t += H.tokens.size() * sizeof(std::int32_t) + (H.dropped > 0 ? H.front_valid.size() * sizeof(std::uint64_t) : 0);
     }
     return t;
   }
@@ -152,7 +180,8 @@ class DemotionTier {
   [[nodiscard]] std::size_t allocated_bytes() const noexcept {
     std::size_t t = one_block_.bytes;
     for (const LowHead& H : heads_)
-      t += (H.blocks.size() + H.spare.size()) * layout_.bytes + H.blocks.size() * sizeof(BlockHeader) + H.tokens.capacity() * 4;
+      t += (H.blocks.size() + H.spare.size()) * layout_.bytes + H.blocks.size() * sizeof(BlockHeader) + H.tokens.capacity() * 4 +
+           H.front_valid.capacity() * sizeof(std::uint64_t);
     return t;
   }
   /// Low rows of every layer and KV head.
@@ -168,11 +197,39 @@ class DemotionTier {
       for (Block& b : H.blocks)
         if (b.data) detail::secure_zero(b.data.get(), b.bytes);
       detail::wipe_vector(H.tokens);
+      H.dropped = 0;
     }
     heads_.clear();
   }
 
  private:
+  [[nodiscard]] std::int64_t words() const noexcept { return (layout_.tokens + 63) / 64; }
+  // Deletes the oldest live row of H (the cap is reached): zeroes its codes, metadata and position,
+  // clears its bit in blocks[0]'s mask; a front block left with no row is zeroed and kept as a
+  // spare (its rows' cache indices leave `tokens`). Allocates nothing after reserve().
+  void drop_oldest(LowHead& H) {
+    const auto LB = static_cast<std::size_t>(layout_.tokens), t = static_cast<std::size_t>(H.dropped);
+    if (H.dropped == 0) {
+      H.front_valid.assign(static_cast<std::size_t>(words()), ~std::uint64_t{0});
+    }
+    std::byte* d = H.blocks.front().data.get();
+    detail::secure_zero(d + layout_.k_codes + t * layout_.k_row, layout_.k_row);
+    detail::secure_zero(d + layout_.k_meta + t * layout_.k_meta_token, layout_.k_meta_token);
+    detail::secure_zero(d + layout_.v_codes + t * layout_.v_row, layout_.v_row);
+    detail::secure_zero(d + layout_.v_meta + t * layout_.v_meta_token, layout_.v_meta_token);
+    detail::secure_zero(d + layout_.positions + t * sizeof(std::int32_t), sizeof(std::int32_t));
+    H.front_valid[t / 64] &= ~(std::uint64_t{1} << (t % 64));
+    if (++H.dropped < static_cast<std::int64_t>(LB)) return;
+    Block b = std::move(H.blocks.front());  // every row of the front block is gone: reuse it
+    detail::secure_zero(b.data.get(), b.bytes);
+    b.header = proto_;
+    H.blocks.erase(H.blocks.begin());
+    H.spare.push_back(std::move(b));  // capacity reserved: no allocation
+    detail::secure_zero(H.tokens.data(), LB * sizeof(std::int32_t));
+    H.tokens.erase(H.tokens.begin(), H.tokens.begin() + static_cast<std::ptrdiff_t>(LB));
+    H.dropped = 0;
+  }
+
   // Sizes the decode scratch of one row (once).
   void ready_row() {
     if (one_block_.data) return;
@@ -190,6 +247,8 @@ class DemotionTier {
   std::vector<LowHead> heads_;  // [layer * kv_heads + h]
   Block one_block_;             // the row being demoted, zeroed after use
   kernels::Scratch s_;              // decode tiles of one row, zeroed after use
+  LowTierCap budget_;               // the resolved Demote<> budget
+  std::int64_t cap_ = -1;           // most live low rows per (layer, KV head); -1: none
 };
 
 }  // namespace kvpack

@@ -86,7 +86,7 @@ template <class St, class Offload>
     for (std::size_t bi = 0; bi < LH.blocks.size(); ++bi) {
       const auto& b = LH.blocks[bi];
       St::tier_type::low_hook::decode(TL, b.data.get(), b.header.flags, b.header.count, s);
-      for (std::size_t t = 0; t < b.header.count; ++t) {
+      for (std::size_t t = bi == 0 ? static_cast<std::size_t>(LH.dropped) : 0; t < b.header.count; ++t) {  // live rows
         order.emplace_back(LH.tokens[bi * static_cast<std::size_t>(TL.tokens) + t], tp.size());
         tk.insert(tk.end(), s.k_tile.begin() + static_cast<std::ptrdiff_t>(t * D), s.k_tile.begin() + static_cast<std::ptrdiff_t>((t + 1) * D));
         tv.insert(tv.end(), s.v_tile.begin() + static_cast<std::ptrdiff_t>(t * D), s.v_tile.begin() + static_cast<std::ptrdiff_t>((t + 1) * D));

@@ -103,16 +103,18 @@ class SequenceStore {
   /// Drops live `slot` of KV head h of layer li (an eviction policy's victim): with a demotion
   /// tier its K/V row is first re-coded into the low tier (DemotionTier::demote), then the slot is
   /// evicted (zeroed and freed, HeadStore::evict_slot). Without one, exactly evict_slot.
-  void drop_slot(int li, int h, std::int64_t slot) noexcept(!Tier::enabled) {
+  /// `high_budget`: the policy's budget in tokens (a Fp16Share low tier's cap depends on it).
+  void drop_slot(int li, int h, std::int64_t slot, std::int64_t high_budget = 0) noexcept(!Tier::enabled) {
     HeadStore& H = layer(li).heads[static_cast<std::size_t>(h)];
-    if constexpr (Tier::enabled) tier_.demote(layout_, H, slot, li, h);
+    if constexpr (Tier::enabled) tier_.demote(layout_, H, slot, li, h, high_budget);
+    else (void)high_budget;
     H.evict_slot(slot, layout_);
   }
   /// Demotes live `slot` of KV head h of layer li without evicting it (block-granular eviction
   /// forgets its slots itself); a no-op without a demotion tier or for a free slot.
-  void demote_slot(int li, int h, std::int64_t slot) {
-    if constexpr (Tier::enabled) tier_.demote(layout_, layer(li).heads[static_cast<std::size_t>(h)], slot, li, h);
-    else (void)li, (void)h, (void)slot;
+  void demote_slot(int li, int h, std::int64_t slot, std::int64_t high_budget = 0) {
+    if constexpr (Tier::enabled) tier_.demote(layout_, layer(li).heads[static_cast<std::size_t>(h)], slot, li, h, high_budget);
+    else (void)li, (void)h, (void)slot, (void)high_budget;
   }
 
   /// Empties every layer (zeroing first) and sizes them for the shape.

@@ -73,7 +73,7 @@ class BlockSparseHook : public HookDefaults {
         if (victim < 0 || score < best) victim = static_cast<std::int64_t>(b), best = score;
       }
       if (victim < 0) break;
-      evict_block(st, li, h, m, static_cast<std::size_t>(victim));
+      evict_block(st, li, h, m, static_cast<std::size_t>(victim), budget_);
     }
     std::size_t live_blocks = 0;
     for (std::uint64_t w : m.words) live_blocks += static_cast<std::size_t>(std::popcount(w));
@@ -122,12 +122,12 @@ class BlockSparseHook : public HookDefaults {
   // forgotten). The block bit alone hides the block from attention; the payload is zeroed and
   // freed by the next compaction.
   template <class St>
-  static void evict_block(St& st, int li, int h, Mask& m, std::size_t b) {
+  static void evict_block(St& st, int li, int h, Mask& m, std::size_t b, std::int64_t budget) {
     HeadStore& H = st.layer(li).heads[static_cast<std::size_t>(h)];
     m.words[b / 64] &= ~(std::uint64_t{1} << (b % 64));
     for (std::size_t t = 0; t < static_cast<std::size_t>(P::block_tokens); ++t) {
       const auto slot = static_cast<std::int64_t>(b * static_cast<std::size_t>(P::block_tokens) + t);
-      st.demote_slot(li, h, slot);
+      st.demote_slot(li, h, slot, budget);
       H.forget_slot(slot);
     }
     ++H.blocks[b].header.version;

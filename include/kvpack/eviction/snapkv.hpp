@@ -113,7 +113,7 @@ class SnapKVHook : public HookDefaults {
             victim = static_cast<std::int64_t>(s);
         }
         if (victim < 0) break;
-        st.drop_slot(li, h, victim);  // demoted first with Demote<>
+        st.drop_slot(li, h, victim, budget_);  // demoted first with Demote<>
       }
     } else {
       (void)st, (void)li, (void)h, (void)pend;
@@ -234,7 +234,7 @@ class SnapKVHook : public HookDefaults {
       std::vector<char> kept(cand.size(), 0);
       for (std::int64_t i : keep) kept[static_cast<std::size_t>(i)] = 1;
       for (std::size_t i = 0; i < cand.size(); ++i)
-        if (!kept[i]) st.drop_slot(li, static_cast<int>(&H - L.heads.data()), cand[i].second);  // demoted first with Demote<>
+        if (!kept[i]) st.drop_slot(li, static_cast<int>(&H - L.heads.data()), cand[i].second, kept_total);  // demoted first with Demote<>
       H.compact(st.layout(), st.proto());
     }
     detail::wipe_vector(S.obs_q);

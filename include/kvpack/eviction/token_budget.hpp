@@ -58,7 +58,7 @@ class TokenBudgetHook : public HookDefaults {
     while (L.sinks_held + H.live + pend > budget_) {
       const std::int64_t victim = static_cast<Derived*>(this)->victim(st, li, h, recent_from);
       if (victim < 0) break;
-      st.drop_slot(li, h, victim);  // demoted first with Demote<> (cache/demotion_tier.hpp)
+      st.drop_slot(li, h, victim, budget_);  // demoted first with Demote<> (cache/demotion_tier.hpp)
     }
   }
 
