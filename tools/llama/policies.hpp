@@ -179,6 +179,17 @@ using Registry = PolicyList<
     Policy<"int4-g32+h2o-50-fixed+demote-int2", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 2>>, FixedBudget>, Demote<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>>>, false>,
     Policy<"int4-g32+snapkv-50-fixed+demote-int2", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<SnapKVBudget<Fraction<1, 2>>, FixedBudget>, Demote<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>>>, false>,
     Policy<"int4-g32+sink-window-50-fixed+demote-int2", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<SinkWindowBudget<Fraction<1, 2>>, FixedBudget>, Demote<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>>>, false>,
+    // Equal memory (issue 24 item 3): deletion vs demotion at the same bytes, all under FixedBudget
+    // (the bytes stay constant through decoding). Budgets in bytes: Fp16Share<1, 8> / <1, 16> hold
+    // both tiers within 12.5 % / 6.25 % of an fp16 cache of the context (cache/demotion_budget.hpp);
+    // the deletion twins keep as many INT4 tokens as those bytes hold (11/16 and 11/32 of the prompt
+    // at 92 bytes per token and head: 12.4 % and 6.2 % of fp16 at ctx 2048).
+    Policy<"int4-g32+h2o-69-fixed", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<11, 16>>, FixedBudget>>, false>,
+    Policy<"int4-g32+h2o-34-fixed", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<11, 32>>, FixedBudget>>, false>,
+    Policy<"int4-g32+h2o-25-fixed+demote-k4v2-b12", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 4>>, FixedBudget>, Demote<Keys<Int4<Group<32>>>, Values<Int2<Group<32>>>, Fp16Share<1, 8>>>, false>,
+    Policy<"int4-g32+h2o-50-fixed+demote-int2-b12", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 2>>, FixedBudget>, Demote<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>, Fp16Share<1, 8>>>, false>,
+    Policy<"int4-g32+h2o-25-fixed+demote-int2-b6", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 4>>, FixedBudget>, Demote<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>, Fp16Share<1, 16>>>, false>,
+    Policy<"int4-g32+h2o-50-prompt+demote-int4", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 2>>, PromptOnce>, Demote<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>>>, false>,
     Policy<"reference", ReferenceCache, false>,
     Policy<"zero-v", ZeroValues<KVCache<Keys<Fp32>, Values<Fp32>>>, false>>;
 
@@ -211,11 +222,28 @@ using cache_for = typename detail::find_in<Name, Registry>::type;
   return out;
 }
 
-/// Policy groups `--policies` expands: `equal-memory` (issue 24; fp32, fp16, int4-g32 and every
-/// "*-prompt" / "*-fixed" protocol row: deletion alone and over INT4 at 50 % and 25 % of the prompt).
+/// Policy groups `--policies` expands. `equal-memory` (issue 24, docs/RESULTS-equal-memory.md):
+/// the rows of README's equal-memory table: quantization alone, deletion under both protocols,
+/// and deletion vs demotion at the same bytes (12.5 % and 6.25 % of fp16). `protocols`: every
+/// "*-prompt" / "*-fixed" row (each eviction policy at 50 % / 25 % of the prompt, alone and over INT4).
 [[nodiscard]] inline std::vector<std::string> policy_group(std::string_view group) {
   std::vector<std::string> out;
-  if (group != "equal-memory") return out;
+  if (group == "equal-memory")
+    return {"fp32",
+            "fp16",
+            "k8v4",
+            "int4-g32",
+            "int4-g32+rot",
+            "h2o-50-prompt",
+            "sink-window-50-fixed",
+            "int4-g32+h2o-50-prompt",
+            "int4-g32+h2o-50-prompt+demote-int4",
+            "int4-g32+h2o-69-fixed",
+            "int4-g32+h2o-25-fixed+demote-k4v2-b12",
+            "int4-g32+h2o-50-fixed+demote-int2-b12",
+            "int4-g32+h2o-34-fixed",
+            "int4-g32+h2o-25-fixed+demote-int2-b6"};
+  if (group != "protocols") return out;
   out = {"fp32", "fp16", "int4-g32"};
   for (const auto& n : policy_names(false))
     if (n.ends_with("-prompt") || n.ends_with("-fixed")) out.push_back(n);

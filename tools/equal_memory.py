@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Equal-memory table and plot (issue 24 item 3): quality against the bytes a cache holds.
+
+    python3 tools/equal_memory.py KVPACK_JSON [PEER_JSON ...] --markdown OUT.md --plot OUT.png
+
+KVPACK_JSON is kvpack-eval's --json output (e.g. `--policies equal-memory`); PEER_JSONs are rows
+in the same format from other libraries (bench/peers/: kvpress presses, llama.cpp KV types).
+Each row's memory is `kv_fraction_of_fp16`: the bytes held at the end of scoring over an fp16
+cache of every token of the window (K and V, 2 bytes per value), so deletion, demotion,
+quantization and their mixes share one axis. ΔPPL is against each source's own full-precision
+base (kvpack: its fp32 cache; kvpress: its full cache; llama.cpp: its f16 cache), since the
+runners differ. The table lists every row sorted by memory, then names the best ΔPPL at each
+memory level (rows at or below 100 %, 50 %, 25 %, 12.5 %, 6.25 % of fp16). The plot (gnuplot,
+pngcairo) puts ΔPPL (log scale) against memory, one point style per source, each label beside
+its point; labels are nudged apart so they do not overlap. Without gnuplot, --plot is skipped
+with a note.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+LEVELS = [1.0, 0.5, 0.25, 0.125, 0.0625]
+
+
+def load(path):
+    with open(path) as f:
+        doc = json.load(f)
+    src = doc.get("source_library") or ("kvpack" if "kvpress" not in str(doc.get("source", "")) and
+                                        "llama" not in str(doc.get("source", "")) else doc["source"])
+    rows = []
+    for p in doc["policies"]:
+        if p.get("kv_fraction_of_fp16") is None or p.get("delta_ppl_percent") is None:
+            continue
+        rows.append({"source": src, "name": p["name"], "protocol": p.get("protocol", "none"),
+                     "mem": float(p["kv_fraction_of_fp16"]), "dppl": float(p["delta_ppl_percent"]),
+                     "kl": p.get("kl_mean"), "top1": p.get("top1_agreement"),
+                     "after": p.get("tokens_after_prompt"), "end": p.get("tokens_at_end")})
+    meta = {k: doc.get(k) for k in ("model", "text", "ctx", "windows", "source")}
+    return src, rows, meta
+
+
+def fmt(x, spec):
+    return "" if x is None else format(x, spec)
+
+
+def markdown(rows, metas):
+    out = []
+    for src, m in metas:
+        out.append(f"- {src}: {m.get('source') or 'kvpack-eval'}, ctx {m.get('ctx')}, {m.get('windows')} windows, "
+                   f"text {os.path.basename(str(m.get('text')))}")
+    out += ["", "| source | policy | protocol | tokens after prompt | tokens at end | memory / fp16 | ΔPPL % | KL mean | top-1 % |",
+            "|---|---|---|--:|--:|--:|--:|--:|--:|"]
+    for r in sorted(rows, key=lambda r: (-r["mem"], r["dppl"])):
+        top1 = None if r["top1"] is None else 100 * r["top1"]
+        out.append(f"| {r['source']} | {r['name']} | {r['protocol']} | {fmt(r['after'], '.0f')} | {fmt(r['end'], '.0f')} | "
+                   f"{100 * r['mem']:.1f} % | {r['dppl']:+.2f} | {fmt(r['kl'], '.4f')} | {fmt(top1, '.1f')} |")
+    out += ["", "Best ΔPPL at each memory level (rows holding at most that share of an fp16 cache):", "",
+            "| memory ≤ | best row | its memory | ΔPPL % | best deletion-only row | ΔPPL % |", "|--:|---|--:|--:|---|--:|"]
+    for lv in LEVELS:
+        fit = [r for r in rows if r["mem"] <= lv + 1e-9 and not is_base(r)]
+        dele = [r for r in fit if is_deletion(r)]
+        best = min(fit, key=lambda r: r["dppl"], default=None)
+        bd = min(dele, key=lambda r: r["dppl"], default=None)
+        bm = "" if best is None else f"{100 * best['mem']:.1f} %"
+        bp = "" if best is None else f"{best['dppl']:+.2f}"
+        dp = "" if bd is None else f"{bd['dppl']:+.2f}"
+        out.append(f"| {100 * lv:g} % | {label(best)} | {bm} | {bp} | {label(bd)} | {dp} |")
+    return "\n".join(out) + "\n"
+
+
+def is_base(r):
+    """A source's own full-precision base (its ΔPPL is 0 by definition)."""
+    return r["name"] == "fp32" or r["dppl"] == 0.0
+
+
+def is_deletion(r):
+    """Eviction that deletes tokens (a protocol row without demotion)."""
+    return r["protocol"] != "none" and "demote" not in r["name"]
+
+
+def label(r):
+    return "none" if r is None else f"{r['name']} ({r['source']})" if r["source"] != "kvpack" else r["name"]
+
+
+def plot(rows, path):
+    if not shutil.which("gnuplot"):
+        print("equal_memory.py: gnuplot not found, no plot", file=sys.stderr)
+        return
+    pts = [r for r in rows if not is_base(r)]
+    # Label placement: in log-log plot space, push labels down the page until none is within
+    # a label's height of another one at overlapping x (a simple greedy pass is enough here).
+    # Boxes in log10 units: ~0.0085 decade of x per character, ~0.04 decade of y per line.
+    placed = [(math.log10(max(r["mem"], 1e-3)) - 0.01, math.log10(max(r["mem"], 1e-3)) + 0.01,
+               math.log10(max(r["dppl"], 1e-3))) for r in pts]  # the points themselves
+    for r in sorted(pts, key=lambda r: (r["mem"], -r["dppl"])):
+        x, y = math.log10(max(r["mem"], 1e-3)), math.log10(max(r["dppl"], 1e-3))
+        w = 0.0085 * len(r["name"]) + 0.02
+        ly = y
+        while any(abs(ly - py) < 0.04 and x + 0.012 < px1 and px0 < x + w for px0, px1, py in placed):
+            ly -= 0.04
+        placed.append((x, x + w, ly))
+        r["_ly"] = 10 ** ly
+    with tempfile.TemporaryDirectory() as d:
+        sources = sorted({r["source"] for r in pts}, key=lambda s: (s != "kvpack", s))
+        for i, s in enumerate(sources):
+            with open(os.path.join(d, f"s{i}.dat"), "w") as f:
+                for r in pts:
+                    if r["source"] == s:
+                        f.write(f"{r['mem']} {max(r['dppl'], 1e-3)}\n")
+        gp = [f"set terminal pngcairo size 1500,1000 font 'sans,9'", f"set output '{path}'",
+              "set logscale xy", "set xlabel 'KV bytes held at the end of scoring / fp16 cache of every token'",
+              "set ylabel 'ΔPPL % vs own full-precision base (log)'", "set grid", "set key top left",
+              "set format x '%g'", "set xrange [0.03:2.4]"]
+        for r in pts:
+            txt = r["name"].replace("_", "\\\\_")
+            gp.append(f"set label \"{txt}\" at {r['mem'] * 1.04},{r['_ly']} left font 'sans,8'")
+            if abs(r["_ly"] - max(r["dppl"], 1e-3)) > 1e-9:
+                gp.append(f"set arrow from {r['mem'] * 1.035},{r['_ly']} to {r['mem']},{max(r['dppl'], 1e-3)} nohead lw 0.5 lc rgb 'gray'")
+        for lv in LEVELS:
+            gp.append(f"set arrow from {lv},graph 0 to {lv},graph 1 nohead dt 3 lc rgb 'gray'")
+        styles = ["pt 7 ps 1.3 lc rgb '#1f77b4'", "pt 5 ps 1.3 lc rgb '#d62728'", "pt 9 ps 1.5 lc rgb '#2ca02c'"]
+        gp.append("plot " + ", ".join(f"'{os.path.join(d, f's{i}.dat')}' using 1:2 with points {styles[i % 3]} title '{s}'"
+                                      for i, s in enumerate(sources)))
+        script = os.path.join(d, "plot.gp")
+        with open(script, "w") as f:
+            f.write("\n".join(gp) + "\n")
+        subprocess.run(["gnuplot", script], check=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("kvpack_json")
+    ap.add_argument("peer_json", nargs="*")
+    ap.add_argument("--markdown")
+    ap.add_argument("--plot")
+    a = ap.parse_args()
+    rows, metas = [], []
+    for p in [a.kvpack_json] + a.peer_json:
+        src, r, meta = load(p)
+        rows += r
+        metas.append((src, meta))
+    md = markdown(rows, metas)
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write(md)
+    print(md)
+    if a.plot:
+        plot(rows, a.plot)
+
+
+if __name__ == "__main__":
+    main()
