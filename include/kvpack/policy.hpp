@@ -130,8 +130,10 @@ inline constexpr int role_count_v = count_if_v<has_role<Role>::template pred, Ps
 
 /// Demotion instead of deletion (MiKV, "No Token Left Behind", Yang et al. 2024,
 /// arXiv:2402.18096): the tokens an eviction policy drops are re-coded into a low-precision tier
-/// of the same cache, with K codec LowKeys::codec and V codec LowValues::codec (per token, e.g.
-/// Demote<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>>), and attention reads both tiers
+/// of the same cache, with K codec LowKeys::codec and V codec LowValues::codec (e.g.
+/// Demote<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>>; keys may be per channel, KIVI's axis:
+/// Keys<Int2<Group<32>>, PerChannel> codes each 32 demoted rows together, the newest < 32 staged
+/// in fp32 meanwhile), and attention reads both tiers
 /// (include/kvpack/cache/demotion_tier.hpp). Needs an eviction policy; sinks and the recent
 /// window stay as the policy keeps them. Default: NoDemotion (dropped tokens are deleted).
 /// The third parameter caps the low tier per (layer, KV head) (cache/demotion_budget.hpp): Tokens<N>
@@ -144,9 +146,6 @@ struct Demote {
                     std::is_same_v<detail::role_of_t<LowValues>, role::values>,
                 "kvpack::Demote<LowKeys, LowValues>: write Demote<Keys<Codec>, Values<Codec>>, e.g. "
                 "Demote<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>>");
-  static_assert(!LowKeys::per_channel,
-                "kvpack::Demote<Keys<Codec, PerChannel>, ...>: demoted tokens are coded one at a time; per-channel "
-                "low keys cannot hold single tokens (use Keys<Codec>)");
   static_assert(LowTierBudget<LowBudget>,
                 "kvpack::Demote<Keys<LK>, Values<LV>, Budget>: Budget must be Tokens<N>, Fraction<Num, Den>, "
                 "Fp16Share<Num, Den> or Unbounded");

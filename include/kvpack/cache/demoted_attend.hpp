@@ -30,7 +30,7 @@ struct demotion_tier_of {
 };
 template <class D, class High, class BackendTag>
 struct demotion_tier_of<D, High, BackendTag, true> {
-  using type = DemotionTier<High, CodecHook<typename D::keys::codec, typename D::values::codec, false, BackendTag>,
+  using type = DemotionTier<High, CodecHook<typename D::keys::codec, typename D::values::codec, D::keys::per_channel, BackendTag>,
                             typename D::budget>;
 };
 
@@ -65,7 +65,8 @@ template <class Tier>
 void attend_demoted(const Tier& tier, int li, int h, const kernels::AttendArgs& a, const kernels::Scratch& hi,
                     TierScratch& ts) {
   tier.refs(li, h, ts.refs);
-  if (ts.refs.empty()) return;
+  const kernels::ExactRows staged = tier.staged(li, h);  // per-channel keys: rows of an open group
+  if (ts.refs.empty() && staged.count == 0) return;
   const int n_states = a.n_q * a.group;
   const auto ns = static_cast<std::size_t>(n_states);
   ts.m.assign(hi.m.begin(), hi.m.begin() + static_cast<std::ptrdiff_t>(ns));
@@ -77,6 +78,7 @@ void attend_demoted(const Tier& tier, int li, int h, const kernels::AttendArgs& 
   lo.key_mass = nullptr;
   kernels::HeadSegments seg;
   seg.blocks = ts.refs;
+  seg.pending = staged;
   Tier::low_hook::attend(lo, seg, tier.layout(), ts.scratch);
   merge_attention(a.out, a.out_stride, a.group, a.head_dim, n_states, ts.m.data(), ts.l.data(), ts.out.data(),
                   ts.scratch.m.data(), ts.scratch.l.data());

@@ -37,16 +37,18 @@ struct NoDemotionTier {
 };
 
 /// Low-precision tier of a cache whose high blocks are coded by CodecHook `High`, demoted rows by
-/// CodecHook `Low` (per-token K and V codecs, commit unit 1).
+/// CodecHook `Low` (per-token V; K per token, or per channel in groups of G = Low::commit_unit
+/// demoted rows: KIVI's axis, the G rows staged in fp32 as the high tier decoded them, and
+/// attended so, until the group is full and coded at once).
 template <class High, class Low, LowTierBudget Budget = Unbounded>
 class DemotionTier {
-  static_assert(!Low::keys_per_channel && Low::commit_unit == 1,
-                "kvpack::Demote<Keys<LK>, Values<LV>>: the low tier codes one token at a time: per-token keys "
-                "(no PerChannel) and no Keyframe<...> codec");
+  static_assert(!Low::interval_blocks, "kvpack::Demote<Keys<LK>, Values<LV>>: no Keyframe<...> low codec");
 
  public:
   static constexpr bool enabled = true;
   using low_hook = Low;
+  /// Demoted rows coded together (1: per-token keys; the key group size with PerChannel keys).
+  static constexpr int group = Low::commit_unit;
   /// One (layer, KV head): low blocks (row r at blocks[r / B], slot r % B, in demotion order) and
   /// each row's cache index; the first `dropped` rows of blocks[0] were deleted by the cap.
   struct LowHead {
@@ -55,15 +57,20 @@ class DemotionTier {
     std::vector<Block> spare;          ///< zeroed low blocks allocated ahead (reserve), used first
     std::int64_t dropped = 0;          ///< rows deleted at the front of blocks[0] (< B)
     std::vector<std::uint64_t> front_valid;  ///< blocks[0]'s slot mask while dropped > 0
-    /// Live (attended) low rows.
-    [[nodiscard]] std::int64_t rows() const noexcept { return static_cast<std::int64_t>(tokens.size()) - dropped; }
+    std::vector<float> stage_k, stage_v;     ///< per-channel keys: the newest (< G) rows, fp32 [row][D]
+    std::vector<std::int32_t> stage_pos, stage_tok;  ///< their positions and cache indices
+    /// Live (attended) low rows, staged ones included.
+    [[nodiscard]] std::int64_t rows() const noexcept {
+      return static_cast<std::int64_t>(tokens.size() + stage_tok.size()) - dropped;
+    }
   };
 
   DemotionTier() = default;
   /// A tier for `shape` with low blocks of B tokens (the cache's block size).
   DemotionTier(const ModelShape& shape, int B)
       : shape_(shape),
-        layout_(make_block_layout<typename Low::key_codec, typename Low::value_codec, false>(B, shape.head_dim)),
+        layout_(make_block_layout<typename Low::key_codec, typename Low::value_codec, Low::keys_per_channel>(
+            (B + group - 1) / group * group, shape.head_dim)),  // whole key groups per low block
         one_(make_block_layout<typename High::key_codec, typename High::value_codec, false>(1, shape.head_dim)),
         proto_(Low::header(shape.head_dim)),
         budget_(resolve_low_cap<Budget>(shape.max_tokens, shape.head_dim,
@@ -109,6 +116,11 @@ class DemotionTier {
     reserve_geometric(H.blocks, blocks_after);
     reserve_geometric(H.spare, blocks_after + 1);  // + a recycled front block
     if (cap_ >= 0) reserve_geometric(H.front_valid, static_cast<std::size_t>(words()));
+    if constexpr (group > 1) {
+      const auto rows_d = static_cast<std::size_t>(group) * static_cast<std::size_t>(shape_.head_dim);
+      reserve_geometric(H.stage_k, rows_d), reserve_geometric(H.stage_v, rows_d);
+      reserve_geometric(H.stage_pos, static_cast<std::size_t>(group)), reserve_geometric(H.stage_tok, static_cast<std::size_t>(group));
+    }
     while (H.spare.size() + H.blocks.size() < blocks_after) H.spare.push_back(make_block(layout_, proto_));
     ready_row();
   }
@@ -129,8 +141,8 @@ class DemotionTier {
     if (cap_ == 0) return;  // no room for low rows: deletion
     ready_row();
     const auto r = H.tokens.size(), LB = static_cast<std::size_t>(layout_.tokens);
-    H.tokens.reserve(r + 1);
-    if (r % LB == 0) {
+    H.tokens.reserve(r + static_cast<std::size_t>(group));
+    if (r % LB == 0 && H.stage_tok.size() + 1 == static_cast<std::size_t>(group)) {
       if (H.spare.empty()) H.spare.push_back(make_block(layout_, proto_));
       H.blocks.reserve(H.blocks.size() + 1);
       H.blocks.push_back(std::move(H.spare.back()));
@@ -146,11 +158,26 @@ class DemotionTier {
     std::int32_t pos;
     std::memcpy(&pos, src + HL.positions + off * sizeof pos, sizeof pos);
     High::decode(one_, one, 0, 1, s_);
-    Block& b = H.blocks.back();
-    Low::encode(layout_, b, r % LB, s_.k_tile.data(), s_.v_tile.data(), shape_.head_dim, &pos);
-    b.header.count = static_cast<std::uint16_t>(r % LB + 1);
-    ++b.header.version;
-    H.tokens.push_back(Hs.slot_token[su]);
+    if constexpr (group == 1) {
+      Block& b = H.blocks.back();
+      Low::encode(layout_, b, r % LB, s_.k_tile.data(), s_.v_tile.data(), shape_.head_dim, &pos);
+      b.header.count = static_cast<std::uint16_t>(r % LB + 1);
+      ++b.header.version;
+      H.tokens.push_back(Hs.slot_token[su]);
+    } else {  // stage the row; a full group of G rows is coded at once (per-channel key groups)
+      const auto D = static_cast<std::ptrdiff_t>(shape_.head_dim);
+      H.stage_k.insert(H.stage_k.end(), s_.k_tile.begin(), s_.k_tile.begin() + D);
+      H.stage_v.insert(H.stage_v.end(), s_.v_tile.begin(), s_.v_tile.begin() + D);
+      H.stage_pos.push_back(pos), H.stage_tok.push_back(Hs.slot_token[su]);
+      if (H.stage_tok.size() == static_cast<std::size_t>(group)) {
+        Block& b = H.blocks.back();
+        Low::encode(layout_, b, r % LB, H.stage_k.data(), H.stage_v.data(), D, H.stage_pos.data());
+        b.header.count = static_cast<std::uint16_t>(r % LB + static_cast<std::size_t>(group));
+        ++b.header.version;
+        H.tokens.insert(H.tokens.end(), H.stage_tok.begin(), H.stage_tok.end());
+        clear_stage(H);
+      }
+    }
     detail::secure_zero(one, one_.bytes);
     detail::secure_zero(s_.k_tile.data(), s_.k_tile.size() * sizeof(float));
     detail::secure_zero(s_.v_tile.data(), s_.v_tile.size() * sizeof(float));
@@ -166,13 +193,22 @@ class DemotionTier {
                       b.header.flags});
   }
 
+  /// The staged fp32 rows of (li, h) (per-channel keys: fewer than G demoted rows not yet coded)
+  /// as exact rows the kernel reads unmasked (every one is older than any query).
+  [[nodiscard]] kernels::ExactRows staged(int li, int h) const noexcept {
+    const LowHead& H = heads_[index(li, h)];
+    return {H.stage_k.data(), H.stage_v.data(), shape_.head_dim, std::int64_t{-(std::int64_t{1} << 40)},
+            static_cast<std::int64_t>(H.stage_tok.size())};
+  }
+
   /// Bytes held: per low block its used bytes (codes, metadata, positions) and header, plus 4
-  /// bytes of cache index per row.
+  /// bytes of cache index per row; staged rows at fp32 (K, V, position, cache index).
   [[nodiscard]] std::size_t held_bytes() const noexcept {
     std::size_t t = 0;
     for (const LowHead& H : heads_) {
       for (const Block& b : H.blocks) t += layout_.used_bytes(b.header.count) + sizeof(BlockHeader);
-      t += H.tokens.size() * sizeof(std::int32_t) + (H.dropped > 0 ? H.front_valid.size() * sizeof(std::uint64_t) : 0);
+      t += H.tokens.size() * sizeof(std::int32_t) + (H.dropped > 0 ? H.front_valid.size() * sizeof(std::uint64_t) : 0) +
+           (H.stage_k.size() + H.stage_v.size()) * sizeof(float) + H.stage_tok.size() * 2 * sizeof(std::int32_t);
     }
     return t;
   }
@@ -181,7 +217,8 @@ class DemotionTier {
     std::size_t t = one_block_.bytes;
     for (const LowHead& H : heads_)
       t += (H.blocks.size() + H.spare.size()) * layout_.bytes + H.blocks.size() * sizeof(BlockHeader) + H.tokens.capacity() * 4 +
-           H.front_valid.capacity() * sizeof(std::uint64_t);
+           H.front_valid.capacity() * sizeof(std::uint64_t) + (H.stage_k.capacity() + H.stage_v.capacity()) * sizeof(float) +
+           (H.stage_pos.capacity() + H.stage_tok.capacity()) * sizeof(std::int32_t);
     return t;
   }
   /// Low rows of every layer and KV head.
@@ -197,6 +234,7 @@ class DemotionTier {
       for (Block& b : H.blocks)
         if (b.data) detail::secure_zero(b.data.get(), b.bytes);
       detail::wipe_vector(H.tokens);
+      clear_stage(H);
       H.dropped = 0;
     }
     heads_.clear();
@@ -204,11 +242,27 @@ class DemotionTier {
 
  private:
   [[nodiscard]] std::int64_t words() const noexcept { return (layout_.tokens + 63) / 64; }
+  // Zeroes and empties the staged rows of H (capacity kept).
+  static void clear_stage(LowHead& H) noexcept {
+    for (auto* v : {&H.stage_k, &H.stage_v}) {
+      detail::secure_zero(v->data(), v->size() * sizeof(float));
+      v->clear();
+    }
+    H.stage_pos.clear(), H.stage_tok.clear();
+  }
   // Deletes the oldest live row of H (the cap is reached): zeroes its codes, metadata and position,
   // clears its bit in blocks[0]'s mask; a front block left with no row is zeroed and kept as a
   // spare (its rows' cache indices leave `tokens`). Allocates nothing after reserve().
   void drop_oldest(LowHead& H) {
     const auto LB = static_cast<std::size_t>(layout_.tokens), t = static_cast<std::size_t>(H.dropped);
+    if (H.tokens.size() == t) {  // every coded row is gone: the oldest live row is staged
+      const auto D = static_cast<std::ptrdiff_t>(shape_.head_dim);
+      detail::secure_zero(H.stage_k.data(), static_cast<std::size_t>(D) * sizeof(float));
+      detail::secure_zero(H.stage_v.data(), static_cast<std::size_t>(D) * sizeof(float));
+      H.stage_k.erase(H.stage_k.begin(), H.stage_k.begin() + D), H.stage_v.erase(H.stage_v.begin(), H.stage_v.begin() + D);
+      H.stage_pos.erase(H.stage_pos.begin()), H.stage_tok.erase(H.stage_tok.begin());
+      return;
+    }
     if (H.dropped == 0) {
       H.front_valid.assign(static_cast<std::size_t>(words()), ~std::uint64_t{0});
     }

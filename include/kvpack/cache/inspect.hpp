@@ -83,6 +83,7 @@ template <class St, class Offload>
     const auto& T = st.tier();
     const auto& LH = T.head(li, h);
     const BlockLayout& TL = T.layout();
+    s.ensure(1, st.shape().head_dim, TL.tokens);  // low blocks hold whole key groups: may exceed B
     for (std::size_t bi = 0; bi < LH.blocks.size(); ++bi) {
       const auto& b = LH.blocks[bi];
       St::tier_type::low_hook::decode(TL, b.data.get(), b.header.flags, b.header.count, s);
@@ -94,6 +95,12 @@ template <class St, class Offload>
         std::memcpy(&p, b.data.get() + TL.positions + t * sizeof p, sizeof p);
         tp.push_back(p);
       }
+    }
+    for (std::size_t t = 0; t < LH.stage_tok.size(); ++t) {  // per-channel keys: staged fp32 rows
+      order.emplace_back(LH.stage_tok[t], tp.size());
+      tk.insert(tk.end(), LH.stage_k.begin() + static_cast<std::ptrdiff_t>(t * D), LH.stage_k.begin() + static_cast<std::ptrdiff_t>((t + 1) * D));
+      tv.insert(tv.end(), LH.stage_v.begin() + static_cast<std::ptrdiff_t>(t * D), LH.stage_v.begin() + static_cast<std::ptrdiff_t>((t + 1) * D));
+      tp.push_back(LH.stage_pos[t]);
     }
   }
   std::sort(order.begin(), order.end());
@@ -183,8 +190,8 @@ template <class St>
       }
     }
   if constexpr (DemotingStore<St>) {
-    const auto low = static_cast<std::size_t>(st.tier().rows());
-    kb += low * st.tier().layout().k_bytes(1), vb += low * st.tier().layout().v_bytes(1);
+    const auto low = static_cast<std::size_t>(st.tier().rows());  // K metadata per whole group of rows
+    kb += st.tier().layout().k_bytes(static_cast<int>(low)), vb += st.tier().layout().v_bytes(static_cast<int>(low));
     tokens += static_cast<std::int64_t>(low);
   }
   StoredBits r;
