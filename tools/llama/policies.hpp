@@ -189,6 +189,12 @@ using Registry = PolicyList<
     Policy<"int4-g32+h2o-25-fixed+demote-k4v2-b12", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 4>>, FixedBudget>, Demote<Keys<Int4<Group<32>>>, Values<Int2<Group<32>>>, Fp16Share<1, 8>>>, false>,
     Policy<"int4-g32+h2o-50-fixed+demote-int2-b12", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 2>>, FixedBudget>, Demote<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>, Fp16Share<1, 8>>>, false>,
     Policy<"int4-g32+h2o-25-fixed+demote-int2-b6", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 4>>, FixedBudget>, Demote<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>, Fp16Share<1, 16>>>, false>,
+    // The same with KIVI-style low keys (per channel, groups of 32 demoted rows; docs/RESULTS-lowbit.md:
+    // per-token INT2 keys are what sinks the INT2 low tier).
+    Policy<"int4-g32+h2o-50-fixed+demote-kc2v2-b12", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 2>>, FixedBudget>, Demote<Keys<Int2<Group<32>>, PerChannel>, Values<Int2<Group<32>>>, Fp16Share<1, 8>>>, false>,
+    Policy<"int4-g32+h2o-25-fixed+demote-kc2v2-b12", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 4>>, FixedBudget>, Demote<Keys<Int2<Group<32>>, PerChannel>, Values<Int2<Group<32>>>, Fp16Share<1, 8>>>, false>,
+    Policy<"int4-g32+h2o-25-fixed+demote-kc2v2-b6", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 4>>, FixedBudget>, Demote<Keys<Int2<Group<32>>, PerChannel>, Values<Int2<Group<32>>>, Fp16Share<1, 16>>>, false>,
+    Policy<"int4-g32+h2o-50-prompt+demote-kc2v2", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 2>>, PromptOnce>, Demote<Keys<Int2<Group<32>>, PerChannel>, Values<Int2<Group<32>>>>>, false>,
     Policy<"int4-g32+h2o-50-prompt+demote-int4", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 2>>, PromptOnce>, Demote<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>>>, false>,
     Policy<"reference", ReferenceCache, false>,
     Policy<"zero-v", ZeroValues<KVCache<Keys<Fp32>, Values<Fp32>>>, false>>;
@@ -242,7 +248,11 @@ using cache_for = typename detail::find_in<Name, Registry>::type;
             "int4-g32+h2o-25-fixed+demote-k4v2-b12",
             "int4-g32+h2o-50-fixed+demote-int2-b12",
             "int4-g32+h2o-34-fixed",
-            "int4-g32+h2o-25-fixed+demote-int2-b6"};
+            "int4-g32+h2o-25-fixed+demote-int2-b6",
+            "int4-g32+h2o-50-prompt+demote-kc2v2",
+            "int4-g32+h2o-50-fixed+demote-kc2v2-b12",
+            "int4-g32+h2o-25-fixed+demote-kc2v2-b12",
+            "int4-g32+h2o-25-fixed+demote-kc2v2-b6"};
   if (group != "protocols") return out;
   out = {"fp32", "fp16", "int4-g32"};
   for (const auto& n : policy_names(false))
