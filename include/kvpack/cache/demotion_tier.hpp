@@ -184,7 +184,8 @@ class DemotionTier {
   }
 
   /// Block refs of the low tier of (li, h) for the attention kernel: every row visible (all are
-  /// older than any query), no mask. Written to `refs` (cleared first).
+  /// older than any query); the front block through its valid mask once the cap deleted rows
+  /// from it. Written to `refs` (cleared first).
   void refs(int li, int h, std::vector<kernels::BlockRef>& refs) const {
     refs.clear();
     const LowHead& H = heads_[index(li, h)];
