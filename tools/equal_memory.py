@@ -25,6 +25,7 @@ import sys
 import tempfile
 
 LEVELS = [1.0, 0.5, 0.25, 0.125, 0.0625]
+FLOOR = 0.01  # ΔPPL % drawn at this value or above (log axis)
 
 
 def load(path):
@@ -94,15 +95,19 @@ def plot(rows, path):
     pts = [r for r in rows if not is_base(r)]
     # Label placement: in log-log plot space, push labels down the page until none is within
     # a label's height of another one at overlapping x (a simple greedy pass is enough here).
-    # Boxes in log10 units: ~0.0085 decade of x per character, ~0.04 decade of y per line.
-    placed = [(math.log10(max(r["mem"], 1e-3)) - 0.01, math.log10(max(r["mem"], 1e-3)) + 0.01,
-               math.log10(max(r["dppl"], 1e-3))) for r in pts]  # the points themselves
+    # Boxes in log10 units: ~0.0085 decade of x per character, ~0.07 decade of y per line.
+    # ΔPPL at or below FLOOR (fp16, k8v4 can be slightly negative) is drawn at FLOOR, the value
+    # written into its label.
+    for r in pts:
+        r["_y"] = max(r["dppl"], FLOOR)
+        r["_label"] = r["name"] + (f" ({r['dppl']:+.3f} %)" if r["dppl"] <= FLOOR else "")
+    placed = [(math.log10(r["mem"]) - 0.01, math.log10(r["mem"]) + 0.01, math.log10(r["_y"])) for r in pts]  # the points
     for r in sorted(pts, key=lambda r: (r["mem"], -r["dppl"])):
-        x, y = math.log10(max(r["mem"], 1e-3)), math.log10(max(r["dppl"], 1e-3))
-        w = 0.0085 * len(r["name"]) + 0.02
+        x, y = math.log10(r["mem"]), math.log10(r["_y"])
+        w = 0.0085 * len(r["_label"]) + 0.02
         ly = y
-        while any(abs(ly - py) < 0.04 and x + 0.012 < px1 and px0 < x + w for px0, px1, py in placed):
-            ly -= 0.04
+        while any(abs(ly - py) < 0.07 and x + 0.012 < px1 and px0 < x + w for px0, px1, py in placed):
+            ly -= 0.07
         placed.append((x, x + w, ly))
         r["_ly"] = 10 ** ly
     with tempfile.TemporaryDirectory() as d:
@@ -111,16 +116,16 @@ def plot(rows, path):
             with open(os.path.join(d, f"s{i}.dat"), "w") as f:
                 for r in pts:
                     if r["source"] == s:
-                        f.write(f"{r['mem']} {max(r['dppl'], 1e-3)}\n")
+                        f.write(f"{r['mem']} {r['_y']}\n")
         gp = [f"set terminal pngcairo size 1500,1000 font 'sans,9'", f"set output '{path}'",
               "set logscale xy", "set xlabel 'KV bytes held at the end of scoring / fp16 cache of every token'",
               "set ylabel 'ΔPPL % vs own full-precision base (log)'", "set grid", "set key top left",
-              "set format x '%g'", "set xrange [0.03:2.4]"]
+              "set format x '%g'", "set xrange [0.03:2.4]", f"set yrange [{FLOOR / 2}:200]"]
         for r in pts:
-            txt = r["name"].replace("_", "\\\\_")
+            txt = r["_label"].replace("_", "\\\\_")
             gp.append(f"set label \"{txt}\" at {r['mem'] * 1.04},{r['_ly']} left font 'sans,8'")
-            if abs(r["_ly"] - max(r["dppl"], 1e-3)) > 1e-9:
-                gp.append(f"set arrow from {r['mem'] * 1.035},{r['_ly']} to {r['mem']},{max(r['dppl'], 1e-3)} nohead lw 0.5 lc rgb 'gray'")
+            if abs(r["_ly"] - r["_y"]) > 1e-9:
+                gp.append(f"set arrow from {r['mem'] * 1.035},{r['_ly']} to {r['mem']},{r['_y']} nohead lw 0.5 lc rgb 'gray'")
         for lv in LEVELS:
             gp.append(f"set arrow from {lv},graph 0 to {lv},graph 1 nohead dt 3 lc rgb 'gray'")
         styles = ["pt 7 ps 1.3 lc rgb '#1f77b4'", "pt 5 ps 1.3 lc rgb '#d62728'", "pt 9 ps 1.5 lc rgb '#2ca02c'"]
