@@ -3,6 +3,8 @@
 
     python3 tools/equal_memory.py KVPACK_JSON [PEER_JSON ...] --markdown OUT.md --plot OUT.png
 
+A JSON argument may be A.json+B.json: runs of one source over disjoint windows, pooled (pooled()).
+
 KVPACK_JSON is kvpack-eval's --json output (e.g. `--policies equal-memory`); PEER_JSONs are rows
 in the same format from other libraries (bench/peers/: kvpress presses, llama.cpp KV types).
 Each row's memory is `kv_fraction_of_fp16`: the bytes held at the end of scoring over an fp16
@@ -28,9 +30,38 @@ LEVELS = [1.0, 0.5, 0.25, 0.125, 0.0625]
 FLOOR = 0.01  # ΔPPL % drawn at this value or above (log axis)
 
 
+def pooled(paths):
+    """Rows of several runs over disjoint windows of one source, pooled: a row present in every
+    run gets PPL = exp(token-weighted mean of log PPL), ΔPPL against the pooled base (the row
+    whose ΔPPL is 0), KL mean and top-1 token-weighted; KL p99 is dropped (not poolable)."""
+    docs = []
+    for p in paths:
+        with open(p) as f:
+            docs.append(json.load(f))
+    names = [set(p["name"] for p in d["policies"]) for d in docs]
+    common = set.intersection(*names)
+    out = dict(docs[0], windows=sum(int(d.get("windows") or 0) for d in docs), policies=[])
+    for p0 in docs[0]["policies"]:
+        if p0["name"] not in common:
+            continue
+        parts = [next(p for p in d["policies"] if p["name"] == p0["name"]) for d in docs]
+        n = [float(p.get("scored_tokens") or 1) for p in parts]
+        w = lambda key: sum(x * float(p[key]) for x, p in zip(n, parts)) / sum(n)
+        row = dict(p0, ppl=math.exp(sum(x * math.log(p["ppl"]) for x, p in zip(n, parts)) / sum(n)),
+                   kl_mean=w("kl_mean"), top1_agreement=w("top1_agreement"), kl_p99=None, scored_tokens=sum(n))
+        out["policies"].append(row)
+    base = next(r for r in out["policies"] if abs(r["delta_ppl_percent"]) < 1e-12)
+    for r in out["policies"]:
+        r["delta_ppl_percent"] = 100 * (r["ppl"] / base["ppl"] - 1)
+    return out
+
+
 def load(path):
-    with open(path) as f:
-        doc = json.load(f)
+    if "+" in path:  # A.json+B.json: runs over disjoint windows, pooled
+        doc = pooled(path.split("+"))
+    else:
+        with open(path) as f:
+            doc = json.load(f)
     src = doc.get("source_library") or ("kvpack" if "kvpress" not in str(doc.get("source", "")) and
                                         "llama" not in str(doc.get("source", "")) else doc["source"])
     rows = []
