@@ -222,7 +222,7 @@ class Acc:
 
 
 def markdown(report):
-    lines = [f"kvpress {report['source']} on {os.path.basename(report['model'])}, {report['text']}, "
+    lines = [f"{report['source']} on {os.path.basename(report['model'])}, {report['text']}, "
              f"ctx {report['ctx']}, windows {report['window_ids']}; fp32 CPU; base = this script's full cache",
              "", "| policy | protocol | PPL | ΔPPL % | target ΔPPL % | KL mean | KL p99 | top-1 | "
              "tokens after prompt | tokens at end | KV / fp16 | windows |",
