@@ -38,6 +38,9 @@ inline void define_cli(CLI::App& app, Options& opt, CliArgs& args) {
   app.add_option("--dump-kv", opt.dump_kv,
                  "Directory for layerLL_{k_prerope,k,v}.npy of the fp32 run of the first window: float32 "
                  "[tokens][kv_heads][head_dim], plus meta.json");
+  app.add_option("--dump-tokens", opt.dump_tokens,
+                 "With --text: write the windows' token ids as scored, as JSON {model, text, ctx, first_window, first_row, "
+                 "windows}, and exit, unless --policies is given too (then the run goes on)");
   app.add_option("--dump-layers", opt.dump_layers, "Layers written by --dump-kv")->delimiter(',');
   app.add_flag("!--no-needle", opt.needle, "Skip the needle (passkey) retrieval test");
   app.add_flag("--progress", opt.progress,

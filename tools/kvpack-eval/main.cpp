@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <set>
 #include <sstream>
@@ -46,6 +47,7 @@ int run(int argc, char** argv) {
     for (const auto& n : kl::policy_names(false)) std::printf("%s\n", n.c_str());
     return 0;
   }
+  if (!opt.dump_tokens.empty() && opt.text.empty()) return die("--dump-tokens needs --text");
   std::vector<std::string> names;
   if (args.policies.empty()) {
     names = kl::policy_names(true);
@@ -111,6 +113,22 @@ int run(int argc, char** argv) {
       if (tok->add_bos()) windows.back().tokens[0] = tok->bos();  // as llama-perplexity does
     }
     source = std::filesystem::path(opt.text).filename().string();
+    if (!opt.dump_tokens.empty()) {  // the exact ids, for peers run outside kvpack (bench/peers/kvpress_eval.py)
+      std::ofstream f(opt.dump_tokens);
+      f << "{\"model\": \"" << std::filesystem::path(opt.model).filename().string() << "\", \"text\": \"" << source
+        << "\", \"ctx\": " << opt.ctx << ", \"first_window\": " << opt.first_window
+        << ", \"first_row\": " << opt.ctx / 2 << ", \"windows\": [";
+      for (size_t w = 0; w < windows.size(); ++w) {
+        f << (w ? ",\n  [" : "\n  [");
+        for (size_t i = 0; i < windows[w].tokens.size(); ++i) f << (i ? "," : "") << windows[w].tokens[i];
+        f << "]";
+      }
+      f << "]}\n";
+      if (!f) return die("cannot write --dump-tokens file '" + opt.dump_tokens + "'");
+      std::fprintf(stderr, "kvpack-eval: wrote %zu windows of %lld tokens to %s\n", windows.size(),
+                   static_cast<long long>(opt.ctx), opt.dump_tokens.c_str());
+      if (args.policies.empty()) return 0;
+    }
     if (static_cast<int64_t>(ids.size()) >= opt.calib_ctx) {  // calibration slice: the text's first tokens
       opt.calib = {std::vector<int32_t>(ids.begin(), ids.begin() + opt.calib_ctx), opt.calib_ctx / 2};
       if (tok->add_bos()) opt.calib.tokens[0] = tok->bos();

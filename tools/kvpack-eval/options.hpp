@@ -36,7 +36,7 @@ struct Window {
 
 /// Everything the command line sets (see main.cpp for each option's meaning).
 struct Options {
-  std::string model, text, filler, json, markdown, plot, dump_kv;
+  std::string model, text, filler, json, markdown, plot, dump_kv, dump_tokens;
   int64_t ctx = 512;
   int windows = 4, chunk = 32, threads = 0, gen_tokens = 256, decode_tokens = 16;
   std::vector<std::string> policies;
