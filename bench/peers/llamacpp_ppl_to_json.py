@@ -59,7 +59,7 @@ def parse(path):
     r["kl_mean"] = find(r"Mean\s+KLD:\s*" + NUM, text, required=False)
     r["kl_p99"] = find(r"99\.0%\s+KLD:\s*" + NUM, text, required=False)
     same = find(r"Same top p:\s*" + NUM, text, required=False)
-    r["top1_agreement"] = same / 100.0 if same is not None else None
+    r["top1_agreement"] = round(same / 100.0, 7) if same is not None else None
     r["ppl"] = r["final_ppl"] if r["final_ppl"] is not None else r["ppl_q"]
     if r["ppl"] is None:
         sys.exit(f"llamacpp_ppl_to_json: no perplexity in {path} (did the run finish?)")
