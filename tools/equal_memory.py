@@ -3,7 +3,8 @@
 
     python3 tools/equal_memory.py KVPACK_JSON [PEER_JSON ...] --markdown OUT.md --plot OUT.png
 
-A JSON argument may be A.json+B.json: runs of one source over disjoint windows, pooled (pooled()).
+A JSON argument may be A.json+B.json: runs of one source over disjoint windows, pooled (pooled()),
+and A.json@LO-HI: only windows LO..HI of a run that kept per-window figures (window_subset()).
 
 KVPACK_JSON is kvpack-eval's --json output (e.g. `--policies equal-memory`); PEER_JSONs are rows
 in the same format from other libraries (bench/peers/: kvpress presses, llama.cpp KV types).
@@ -30,14 +31,42 @@ LEVELS = [1.0, 0.5, 0.25, 0.125, 0.0625]
 FLOOR = 0.01  # ΔPPL % drawn at this value or above (log axis)
 
 
+def window_subset(path, lo, hi):
+    """Rows of one run restricted to its windows lo..hi (by window id), from the per-window means
+    a run keeps (window_nll_mean, window_kl_mean, window_top1: bench/peers/kvpress_eval.py)."""
+    with open(path) as f:
+        doc = json.load(f)
+    ids = doc["window_ids"]
+    sel = [i for i, w in enumerate(ids) if lo <= w <= hi]
+    if not sel:
+        sys.exit(f"equal_memory.py: {path} has no window in {lo}-{hi} (it has {ids})")
+    out = dict(doc, windows=len(sel), window_ids=[ids[i] for i in sel], policies=[])
+    for p in doc["policies"]:  # every window scores the same number of tokens
+        mean = lambda key: sum(p[key][i] for i in sel) / len(sel)
+        out["policies"].append(dict(p, ppl=math.exp(mean("window_nll_mean")), kl_mean=mean("window_kl_mean"),
+                                    top1_agreement=mean("window_top1"), kl_p99=None,
+                                    scored_tokens=p["scored_tokens"] / len(ids) * len(sel)))
+    base = next(r for r in out["policies"] if abs(r["delta_ppl_percent"]) < 1e-12)
+    for r in out["policies"]:
+        r["delta_ppl_percent"] = 100 * (r["ppl"] / base["ppl"] - 1)
+    return out
+
+
+def read_run(path):
+    """A run's JSON; PATH@LO-HI keeps windows LO..HI only (window_subset)."""
+    if "@" in path:
+        path, rng = path.split("@")
+        lo, hi = (int(x) for x in rng.split("-"))
+        return window_subset(path, lo, hi)
+    with open(path) as f:
+        return json.load(f)
+
+
 def pooled(paths):
     """Rows of several runs over disjoint windows of one source, pooled: a row present in every
     run gets PPL = exp(token-weighted mean of log PPL), ΔPPL against the pooled base (the row
     whose ΔPPL is 0), KL mean and top-1 token-weighted; KL p99 is dropped (not poolable)."""
-    docs = []
-    for p in paths:
-        with open(p) as f:
-            docs.append(json.load(f))
+    docs = [read_run(p) for p in paths]
     names = [set(p["name"] for p in d["policies"]) for d in docs]
     common = set.intersection(*names)
     out = dict(docs[0], windows=sum(int(d.get("windows") or 0) for d in docs), policies=[])
@@ -57,11 +86,7 @@ def pooled(paths):
 
 
 def load(path):
-    if "+" in path:  # A.json+B.json: runs over disjoint windows, pooled
-        doc = pooled(path.split("+"))
-    else:
-        with open(path) as f:
-            doc = json.load(f)
+    doc = pooled(path.split("+")) if "+" in path else read_run(path)  # A+B: disjoint windows, pooled
     src = doc.get("source_library") or ("kvpack" if "kvpress" not in str(doc.get("source", "")) and
                                         "llama" not in str(doc.get("source", "")) else doc["source"])
     rows = []
