@@ -14,7 +14,7 @@
 # caches by default (attn_rot_k/attn_rot_v; LLAMA_ATTN_ROT_DISABLE=1 turns it off): the rows
 # marked "no-rot" are the same types with the rotation disabled.
 #
-# How to run (from anywhere; ~10 min of build, then 10 to 18 min per type on 2 busy cores):
+# How to run (from anywhere; ~10 min of build, then 10 to 19 min per type on 2 busy cores):
 #   bash bench/peers/llamacpp_ppl.sh [OUT_BASENAME]       # default docs/results/llamacpp-ctx2048-16w
 # Environment: MODEL (default: tools/fetch_model.sh), TEXT (wiki.test.raw), CTX (2048),
 #   CHUNKS (16), THREADS (2), TYPES (space-separated K:V pairs), NOROT_TYPES (K:V pairs run again
