@@ -1,4 +1,4 @@
-// expect: the low tier codes one token at a time
+// expect: no Keyframe<...> low codec
 // A Keyframe<...> interval cannot take demoted tokens one at a time.
 #include <kvpack/kvpack.hpp>
 
