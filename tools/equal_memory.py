@@ -15,7 +15,8 @@ base (kvpack: its fp32 cache; kvpress: its full cache; llama.cpp: its f16 cache)
 runners differ. The table lists every row sorted by memory, then names the best ΔPPL at each
 memory level (rows at or below 100 %, 50 %, 25 %, 12.5 %, 6.25 % of fp16). The plot (gnuplot,
 pngcairo) puts ΔPPL (log scale) against memory, one point style per source, each label beside
-its point; labels are nudged apart so they do not overlap. Without gnuplot, --plot is skipped
+its point; labels are nudged apart so they do not overlap. Of a peer's rows at one memory size
+the plot shows the best and SnapKV (the table lists all). Without gnuplot, --plot is skipped
 with a note.
 """
 import argparse
@@ -149,6 +150,17 @@ def plot(rows, path):
         print("equal_memory.py: gnuplot not found, no plot", file=sys.stderr)
         return
     pts = [r for r in rows if not is_base(r)]
+    # A peer's rows at one memory size are a vertical stack (every press keeps the same tokens):
+    # the plot shows its best one and its SnapKV there, the table all of them.
+    peers = {}
+    for r in pts:
+        if r["source"] != "kvpack":
+            peers.setdefault((r["source"], round(r["mem"], 4)), []).append(r)
+    keep = set()
+    for group in peers.values():
+        keep.add(id(min(group, key=lambda r: r["dppl"])))
+        keep.update(id(r) for r in group if "snapkv-" in r["name"] and "adakv" not in r["name"])
+    pts = [r for r in pts if r["source"] == "kvpack" or id(r) in keep]
     # Label placement: in log-log plot space, push labels down the page until none is within
     # a label's height of another one at overlapping x (a simple greedy pass is enough here).
     # Boxes in log10 units: ~0.0085 decade of x per character, ~0.07 decade of y per line.
