@@ -394,15 +394,13 @@ class KVCache {
     return valid(layer, kv_head) ? hook_.mask_words(layer, kv_head) : std::span<const std::uint64_t>{};
   }
 
-  /// Eviction budget in tokens per (layer, KV head), resolved at create() (Fraction<> budgets
-  /// against ModelShape::max_tokens); 0 without eviction. SnapKV<Budget, Window>: Budget + Window;
-  /// SnapKVBudget<Tokens<N>>: N; SnapKVBudget<Fraction<>>: 0 until a layer is compressed, then
-  /// the tokens per KV head the latest compression kept room for (a fraction of that prompt).
+  /// Eviction budget in tokens per (layer, KV head), resolved at create() (Fraction<>: of max_tokens);
+  /// 0 without eviction. SnapKV<Budget, Window>: Budget + Window; SnapKVBudget<Tokens<N>>: N;
+  /// SnapKVBudget<Fraction<>>: 0 until a layer is compressed, then what the latest compression kept.
   [[nodiscard]] std::int64_t eviction_budget() const noexcept { return hook_.budget(); }
 
-  /// Decodes everything (layer, kv_head) holds as attention reads it (except that attention reads
-  /// the latest chunk exactly), sorted by cache index; `indices` gives each row's cache index.
-  /// Demote<>: the low tier's rows too, as its codecs decode them.
+  /// Decodes everything (layer, kv_head) holds as attention reads it (the latest chunk aside, read
+  /// exactly), sorted by cache index (`indices`); Demote<>: the low tier's rows too, as decoded.
   /// Errc::invalid_argument for bad indices; with Offload<>, the fetch errors of attend().
   [[nodiscard]] Result<HeadContents> read_back(int layer, int kv_head) const {
     if (!valid(layer, kv_head)) return fail(Errc::invalid_argument, "read_back: layer or kv_head out of range");
