@@ -22,6 +22,7 @@
 #include <memory>
 
 #include "kvpack/codec/keyframe.hpp"
+#include "kvpack/detail/secure_zero.hpp"
 #include "kvpack/codec/rows.hpp"
 
 namespace kvpack {
@@ -152,5 +153,22 @@ struct Block {
   std::unique_ptr<std::byte[]> data;
   std::size_t bytes = 0;  ///< bytes allocated at `data` (BlockLayout::bytes, or a keyframe block's own size)
 };
+
+/// Zeroes slots [from, to) of a block payload `d` of layout L (a pool page, a low-tier block):
+/// codes, metadata (per-channel key metadata by whole groups only: a range inside one group keeps
+/// the group's metadata) and positions.
+inline void zero_slots(const BlockLayout& L, std::byte* d, std::size_t from, std::size_t to) noexcept {
+  const std::size_t n = to - from;
+  detail::secure_zero(d + L.k_codes + from * L.k_row, n * L.k_row);
+  if (L.k_per_channel) {
+    const auto G = static_cast<std::size_t>(L.k_group);
+    detail::secure_zero(d + L.k_meta + from / G * L.k_meta_group, n / G * L.k_meta_group);
+  } else {
+    detail::secure_zero(d + L.k_meta + from * L.k_meta_token, n * L.k_meta_token);
+  }
+  detail::secure_zero(d + L.v_codes + from * L.v_row, n * L.v_row);
+  detail::secure_zero(d + L.v_meta + from * L.v_meta_token, n * L.v_meta_token);
+  detail::secure_zero(d + L.positions + from * sizeof(std::int32_t), n * sizeof(std::int32_t));
+}
 
 }  // namespace kvpack

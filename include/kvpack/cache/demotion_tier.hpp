@@ -267,12 +267,7 @@ class DemotionTier {
     if (H.dropped == 0) {
       H.front_valid.assign(static_cast<std::size_t>(words()), ~std::uint64_t{0});
     }
-    std::byte* d = H.blocks.front().data.get();
-    detail::secure_zero(d + layout_.k_codes + t * layout_.k_row, layout_.k_row);
-    detail::secure_zero(d + layout_.k_meta + t * layout_.k_meta_token, layout_.k_meta_token);
-    detail::secure_zero(d + layout_.v_codes + t * layout_.v_row, layout_.v_row);
-    detail::secure_zero(d + layout_.v_meta + t * layout_.v_meta_token, layout_.v_meta_token);
-    detail::secure_zero(d + layout_.positions + t * sizeof(std::int32_t), sizeof(std::int32_t));
+    zero_slots(layout_, H.blocks.front().data.get(), t, t + 1);  // per-channel key metadata: kept with its group
     H.front_valid[t / 64] &= ~(std::uint64_t{1} << (t % 64));
     if (++H.dropped < static_cast<std::int64_t>(LB)) return;
     Block b = std::move(H.blocks.front());  // every row of the front block is gone: reuse it

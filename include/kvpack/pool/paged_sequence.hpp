@@ -62,22 +62,6 @@ struct PagedLayer {
   return n > R ? (n - R) / U * U : 0;
 }
 
-/// Zeroes slots [from, to) of a page payload: codes, metadata (per-channel key metadata by whole
-/// groups: from and to are multiples of the key group then) and positions.
-inline void zero_slots(const BlockLayout& L, std::byte* d, std::size_t from, std::size_t to) noexcept {
-  const std::size_t n = to - from;
-  detail::secure_zero(d + L.k_codes + from * L.k_row, n * L.k_row);
-  if (L.k_per_channel) {
-    const auto G = static_cast<std::size_t>(L.k_group);
-    detail::secure_zero(d + L.k_meta + from / G * L.k_meta_group, n / G * L.k_meta_group);
-  } else {
-    detail::secure_zero(d + L.k_meta + from * L.k_meta_token, n * L.k_meta_token);
-  }
-  detail::secure_zero(d + L.v_codes + from * L.v_row, n * L.v_row);
-  detail::secure_zero(d + L.v_meta + from * L.v_meta_token, n * L.v_meta_token);
-  detail::secure_zero(d + L.positions + from * sizeof(std::int32_t), n * sizeof(std::int32_t));
-}
-
 /// Copies a layer's fp32 state (everything but the pages) for fork(); page ids are copied too,
 /// the caller retains them.
 inline void copy_exact(const PagedLayer& from, PagedLayer& to) {
