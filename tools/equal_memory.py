@@ -32,6 +32,14 @@ LEVELS = [1.0, 0.5, 0.25, 0.125, 0.0625]
 FLOOR = 0.01  # ΔPPL % drawn at this value or above (log axis)
 
 
+def rebased(doc):
+    """doc with every row's ΔPPL recomputed against its base (the row whose ΔPPL was 0)."""
+    base = next(r for r in doc["policies"] if abs(r["delta_ppl_percent"]) < 1e-12)
+    for r in doc["policies"]:
+        r["delta_ppl_percent"] = 100 * (r["ppl"] / base["ppl"] - 1)
+    return doc
+
+
 def window_subset(path, lo, hi):
     """Rows of one run restricted to its windows lo..hi (by window id), from the per-window means
     a run keeps (window_nll_mean, window_kl_mean, window_top1: bench/peers/kvpress_eval.py)."""
@@ -47,10 +55,7 @@ def window_subset(path, lo, hi):
         out["policies"].append(dict(p, ppl=math.exp(mean("window_nll_mean")), kl_mean=mean("window_kl_mean"),
                                     top1_agreement=mean("window_top1"), kl_p99=None,
                                     scored_tokens=p["scored_tokens"] / len(ids) * len(sel)))
-    base = next(r for r in out["policies"] if abs(r["delta_ppl_percent"]) < 1e-12)
-    for r in out["policies"]:
-        r["delta_ppl_percent"] = 100 * (r["ppl"] / base["ppl"] - 1)
-    return out
+    return rebased(out)
 
 
 def read_run(path):
@@ -80,10 +85,7 @@ def pooled(paths):
         row = dict(p0, ppl=math.exp(sum(x * math.log(p["ppl"]) for x, p in zip(n, parts)) / sum(n)),
                    kl_mean=w("kl_mean"), top1_agreement=w("top1_agreement"), kl_p99=None, scored_tokens=sum(n))
         out["policies"].append(row)
-    base = next(r for r in out["policies"] if abs(r["delta_ppl_percent"]) < 1e-12)
-    for r in out["policies"]:
-        r["delta_ppl_percent"] = 100 * (r["ppl"] / base["ppl"] - 1)
-    return out
+    return rebased(out)
 
 
 def load(path):
