@@ -214,11 +214,20 @@ def main():
     ap.add_argument("--markdown")
     ap.add_argument("--plot")
     a = ap.parse_args()
-    rows, metas = [], []
+    rows, metas, seen = [], [], {}
     for p in [a.kvpack_json] + a.peer_json:
         src, r, meta = load(p)
-        rows += r
-        metas.append((src, meta))
+        for row in r:  # a row in two inputs of one source (each run's base, say) is listed once
+            key = (row["source"], row["name"])
+            if key in seen:
+                if abs(seen[key]["dppl"] - row["dppl"]) > 0.005:
+                    print(f"equal_memory.py: {key[1]} ({key[0]}) is in two inputs with ΔPPL "
+                          f"{seen[key]['dppl']:+.2f} and {row['dppl']:+.2f}; the first is kept", file=sys.stderr)
+                continue
+            seen[key] = row
+            rows.append(row)
+        if (src, meta) not in metas:
+            metas.append((src, meta))
     md = markdown(rows, metas)
     if a.markdown:
         with open(a.markdown, "w") as f:

@@ -34,7 +34,8 @@ double mean_held(const Cache& c, int layers, int kv_heads) {
 /// context, ModelShape::max_tokens, held as tokens arrive) or "none".
 template <class Cache>
 std::string protocol_name() {
-  if constexpr (requires { Cache::eviction_policy::protocol::name; }) return Cache::eviction_policy::protocol::name;
+  if constexpr (requires { typename Cache::inner_type; }) return protocol_name<typename Cache::inner_type>();  // Rotated<>
+  else if constexpr (requires { Cache::eviction_policy::protocol::name; }) return Cache::eviction_policy::protocol::name;
   else if constexpr (requires { requires Cache::evicts_continuously; }) return "context-budget";
   else if constexpr (requires { requires Cache::evicts; }) return "prompt-once";
   else return "none";

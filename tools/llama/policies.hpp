@@ -196,6 +196,18 @@ using Registry = PolicyList<
     Policy<"int4-g32+h2o-25-fixed+demote-kc2v2-b6", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 4>>, FixedBudget>, Demote<Keys<Int2<Group<32>>, PerChannel>, Values<Int2<Group<32>>>, Fp16Share<1, 16>>>, false>,
     Policy<"int4-g32+h2o-50-prompt+demote-kc2v2", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 2>>, PromptOnce>, Demote<Keys<Int2<Group<32>>, PerChannel>, Values<Int2<Group<32>>>>>, false>,
     Policy<"int4-g32+h2o-50-prompt+demote-int4", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 2>>, PromptOnce>, Demote<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>>>, false>,
+    // Mixes: an INT8-key high tier over the INT4 low tier, and Hadamard rotation around the whole
+    // demoting cache (rotation/rotated_cache.hpp: both tiers hold rotated rows; scores are
+    // rotation-invariant, so the policy keeps the same kind of tokens).
+    // Deletion at fp16 (the reference library's storage): what "50 % deletion" holds.
+    Policy<"fp16+h2o-50-prompt", KVCache<Keys<Fp16>, Values<Fp16>, Protocol<H2OBudget<Fraction<1, 2>>, PromptOnce>>, false>,
+    Policy<"fp16+h2o-25-prompt", KVCache<Keys<Fp16>, Values<Fp16>, Protocol<H2OBudget<Fraction<1, 4>>, PromptOnce>>, false>,
+    Policy<"k8v4+h2o-50-prompt+demote-int4", KVCache<Keys<Int8<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 2>>, PromptOnce>, Demote<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>>>, false>,
+    Policy<"int4-g32+rot+h2o-50-prompt+demote-int4", Rotated<KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 2>>, PromptOnce>, Demote<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>>>>, false>,
+    Policy<"int4-g32+rot+h2o-69-fixed", Rotated<KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<11, 16>>, FixedBudget>>>, false>,
+    Policy<"int4-g32+rot+h2o-34-fixed", Rotated<KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<11, 32>>, FixedBudget>>>, false>,
+    Policy<"int4-g32+rot+h2o-25-fixed+demote-k4v2-b12", Rotated<KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 4>>, FixedBudget>, Demote<Keys<Int4<Group<32>>>, Values<Int2<Group<32>>>, Fp16Share<1, 8>>>>, false>,
+    Policy<"int4-g32+rot+h2o-25-fixed+demote-kc2v2-b6", Rotated<KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Protocol<H2OBudget<Fraction<1, 4>>, FixedBudget>, Demote<Keys<Int2<Group<32>>, PerChannel>, Values<Int2<Group<32>>>, Fp16Share<1, 16>>>>, false>,
     Policy<"reference", ReferenceCache, false>,
     Policy<"zero-v", ZeroValues<KVCache<Keys<Fp32>, Values<Fp32>>>, false>>;
 
@@ -252,7 +264,15 @@ using cache_for = typename detail::find_in<Name, Registry>::type;
             "int4-g32+h2o-50-prompt+demote-kc2v2",
             "int4-g32+h2o-50-fixed+demote-kc2v2-b12",
             "int4-g32+h2o-25-fixed+demote-kc2v2-b12",
-            "int4-g32+h2o-25-fixed+demote-kc2v2-b6"};
+            "int4-g32+h2o-25-fixed+demote-kc2v2-b6",
+            "fp16+h2o-50-prompt",
+            "fp16+h2o-25-prompt",
+            "k8v4+h2o-50-prompt+demote-int4",
+            "int4-g32+rot+h2o-50-prompt+demote-int4",
+            "int4-g32+rot+h2o-69-fixed",
+            "int4-g32+rot+h2o-34-fixed",
+            "int4-g32+rot+h2o-25-fixed+demote-k4v2-b12",
+            "int4-g32+rot+h2o-25-fixed+demote-kc2v2-b6"};
   if (group != "protocols") return out;
   out = {"fp32", "fp16", "int4-g32"};
   for (const auto& n : policy_names(false))

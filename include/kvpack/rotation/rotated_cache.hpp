@@ -125,6 +125,18 @@ class Rotated {
   [[nodiscard]] std::int64_t tokens(int layer) const noexcept { return inner_.tokens(layer); }
   [[nodiscard]] std::int64_t held_tokens(int layer, int kv_head = 0) const noexcept { return inner_.held_tokens(layer, kv_head); }
   [[nodiscard]] std::int64_t quantized_tokens(int layer) const noexcept { return inner_.quantized_tokens(layer); }
+  /// Eviction caches: tokens per (layer, KV head) the policy holds (Cache::eviction_budget).
+  [[nodiscard]] std::int64_t eviction_budget() const noexcept
+    requires requires(const Cache& c) { c.eviction_budget(); }
+  {
+    return inner_.eviction_budget();
+  }
+  /// Demote<> caches: rows (layer, kv_head) holds in the low tier (Cache::demoted_tokens).
+  [[nodiscard]] std::int64_t demoted_tokens(int layer, int kv_head) const noexcept
+    requires requires(const Cache& c) { c.demoted_tokens(0, 0); }
+  {
+    return inner_.demoted_tokens(layer, kv_head);
+  }
   [[nodiscard]] const ModelShape& shape() const noexcept { return inner_.shape(); }
   /// The inner cache (holding rotated rows).
   [[nodiscard]] Cache& inner() noexcept { return inner_; }
