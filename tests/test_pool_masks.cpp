@@ -90,7 +90,8 @@ struct Batch {
     std::uint32_t seed = 1;
     for (int len : kLengths) {
       seqs.push_back(pool.create_sequence().value());
-      for (const auto [first, n] : {std::pair{0, len - 1}, std::pair{len - 1, 1}})  // the prompt, then the decode token
+      const int chunks[2][2] = {{0, len - 1}, {len - 1, 1}};  // the prompt, then the decode token
+      for (const auto& [first, n] : chunks)
         for (int l = 0; n > 0 && l < kShape.layers; ++l)
           EXPECT_TRUE(pool.append(seqs.back(), l, kvtest::normal(static_cast<std::size_t>(n) * kRow, seed++),
                                   kvtest::normal(static_cast<std::size_t>(n) * kRow, seed++), kvtest::iota_positions(first, n)));
@@ -115,7 +116,8 @@ struct Batch {
                               const std::vector<bool>& keep = {}) const {
     std::vector<std::vector<float>> K(2), V(2);
     std::int64_t quantized = 0, kept_quantized = 0;
-    for (const auto& p : pool.pages(seqs[i], layer, 0).value()) quantized += p.header.count;
+    const std::vector<PageView> pages = pool.pages(seqs[i], layer, 0).value();
+    for (const PageView& p : pages) quantized += p.header.count;
     for (int h = 0; h < kShape.kv_heads; ++h) {
       const HeadContents c = pool.read_back(seqs[i], layer, h).value();
       EXPECT_EQ(c.k.size(), static_cast<std::size_t>(kLengths[i]) * kD);
@@ -149,9 +151,10 @@ TYPED_TEST(PoolMasks, RandomAndAlibiMasksMatchTheReference) {
         const float* got = out.data() + i * kQRow;
         const auto ref = b.reference(i, layer, m.of(i), TypeParam::paths());
         EXPECT_LE(kvtest::masked_error(got, ref, kD), 1e-5) << "length " << kLengths[i] << " layer " << layer;
-        if (kLengths[i] > 1)  // the mask is seen: the unmasked reference is far away
+        if (kLengths[i] > 1) {  // the mask is seen: the unmasked reference is far away
           EXPECT_GT(kvtest::masked_error(got, b.reference(i, layer, nullptr, TypeParam::paths()), kD), 1e-3)
               << "length " << kLengths[i];
+        }
       }
     }
   }
@@ -189,7 +192,8 @@ TEST(PoolMasksErrors, BadMasksAreErrorsAndLeaveOutUntouched) {
   using Pool = Config<Int8Cfg, Scalar>::Pool;
   auto pool = Pool::create({.shape = kShape, .byte_budget = 1 << 22, .max_sequences = 4}).value();
   const SeqId a = pool.create_sequence().value(), c = pool.create_sequence().value();
-  for (const auto [id, n] : {std::pair{a, 33}, std::pair{c, 5}})
+  const std::pair<SeqId, int> fill[] = {{a, 33}, {c, 5}};
+  for (const auto& [id, n] : fill)
     for (int l = 0; l < kShape.layers; ++l)
       ASSERT_TRUE(pool.append(id, l, kvtest::normal(static_cast<std::size_t>(n) * kRow, 1),
                               kvtest::normal(static_cast<std::size_t>(n) * kRow, 2), kvtest::iota_positions(0, n)));
