@@ -92,9 +92,9 @@ struct Batch {
       seqs.push_back(pool.create_sequence().value());
       const int chunks[2][2] = {{0, len - 1}, {len - 1, 1}};  // the prompt, then the decode token
       for (const auto& [first, n] : chunks)
-        for (int l = 0; n > 0 && l < kShape.layers; ++l)
-          EXPECT_TRUE(pool.append(seqs.back(), l, kvtest::normal(static_cast<std::size_t>(n) * kRow, seed++),
-                                  kvtest::normal(static_cast<std::size_t>(n) * kRow, seed++), kvtest::iota_positions(first, n)));
+        for (int l = 0; n > 0 && l < kShape.layers; ++l, seed += 2)
+          EXPECT_TRUE(pool.append(seqs.back(), l, kvtest::normal(static_cast<std::size_t>(n) * kRow, seed),
+                                  kvtest::normal(static_cast<std::size_t>(n) * kRow, seed + 1), kvtest::iota_positions(first, n)));
     }
   }
   Masks masks(Kind kind, std::uint32_t seed) const {
