@@ -9,7 +9,8 @@
 //   2. every query state (query i, group head j) is scored against every key of the tile, several
 //      states x several keys per register block, so K is read once per KV head;
 //   3. the online softmax (Milakov & Gimelshein 2018; FlashAttention) is updated per state in fp32:
-//      masked (BlockRef::valid), causally invisible and past-the-end keys get a -inf logit;
+//      masked (BlockRef::valid), causally invisible and past-the-end keys get a -inf logit; an
+//      additive mask (AttendArgs::bias) is added to the scaled scores first, as in the scalar kernel;
 //   4. V of the tile is accumulated into every state, several states x several dims per block.
 // key_mass (AttendArgs) is supported exactly as in the scalar kernel: logits are kept in scratch
 // and turned into probabilities once the final max and sum are known.
@@ -213,8 +214,13 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
       st0 = static_cast<int>(blind_queries) * G;
     }
     if (st0 >= n_states) return;
-    // 1. Scores.
+    // 1. Scores, plus the additive mask (AttendArgs::bias) of each key's cache index.
     for (int st = st0; st < n_states;) st += score(st);
+    if (a.bias && !masked)
+      for (int st = st0; st < n_states; ++st) {
+        float* row = row_of(st);
+        for (int t = 0; t < n; ++t) row[t] += a.bias[first + t];
+      }
     // 2. Online softmax per state.
     for (int st = st0; st < n_states; ++st) {
       float* row = row_of(st);

@@ -61,6 +61,15 @@ struct HeadSegments {
 /// the group's query heads. Ordinals: sinks rows first, then block i slot t at
 /// sinks.count + i * BlockTokens + t, then pending rows, then chunk rows. Masked or invisible keys
 /// receive nothing. Scores are kept in scratch while the kernel runs: no second pass over K/V.
+///
+/// bias (optional, additive attention mask): when non-null, bias[c] is added to the scaled score
+/// q.k * scale of the key with cache index c, for every query and every head of the group (one
+/// bias per key, not per head); -inf drops the key. It must hold an entry for every cache index
+/// the kernel reads (sinks, blocks' first + slot, pending and chunk rows), be finite or -inf, and
+/// the kernels read it only for unmasked blocks (BlockRef::valid == nullptr). Honoured by
+/// attend_scalar, attend_avx2 and attend_neon (kernels/simd_common.hpp); attend_keyframe ignores
+/// it (its only caller, KVCache with Keyframe<> codecs, never sets it). nullptr: the kernels run
+/// exactly as without the field (bit-identical outputs).
 struct AttendArgs {
   int head_dim = 0;
   int group = 1;
@@ -72,6 +81,7 @@ struct AttendArgs {
   float* out = nullptr;
   std::int64_t out_stride = 0;
   float* key_mass = nullptr;
+  const float* bias = nullptr;
 };
 
 /// Reusable working memory of the kernel (grown on demand, never shrunk: no steady-state allocation).
@@ -103,7 +113,8 @@ namespace scalar_detail {
 
 /// Online-softmax update of every (query, group head) state with `count` keys/values starting at
 /// cache index `first` (causal), or, when `valid` is non-null, the slots whose bit is set.
-/// `ordinal` numbers the first key for key_mass bookkeeping.
+/// `ordinal` numbers the first key for key_mass bookkeeping; a.bias[first + t] is added to key
+/// t's scaled score when a.bias is set and `valid` is not.
 inline void accumulate_tile(const AttendArgs& a, const float* kt, const float* vt, std::int64_t stride,
                             std::int64_t first, std::int64_t count, const std::uint64_t* valid,
                             std::int64_t ordinal, Scratch& s) {
@@ -124,6 +135,7 @@ inline void accumulate_tile(const AttendArgs& a, const float* kt, const float* v
           float dot = 0.f;
           for (int d = 0; d < D; ++d) dot += q[d] * k[d];
           sc = dot * a.scale;
+          if (a.bias && !valid) sc += a.bias[first + t];
         }
         s.scores[static_cast<std::size_t>(t)] = sc;
         mx = std::max(mx, sc);
@@ -202,7 +214,8 @@ inline void write_output(const AttendArgs& a, const Scratch& s) {
 }  // namespace scalar_detail
 
 /// Fused dequant-attention for one KV head and its query group (decode: n_q = 1; prefill: n_q > 1).
-/// Writes softmax(q k^T * scale) v for every query; a query that sees no key gets zeros.
+/// Writes softmax(q k^T * scale + bias) v for every query (bias: AttendArgs::bias, absent = 0);
+/// a query that sees no key (or only keys whose bias is -inf) gets zeros.
 /// Range: the value accumulation is normalized as it goes (accumulate_tile), so any finite K/V
 /// whose exact output is finite gives a finite output; the logits q.k * scale must be finite in
 /// fp32 (|q.k * scale| < 3.4e38), else the output is non-finite. On return, s.m[st] and s.l[st]

@@ -104,6 +104,44 @@ const std::vector<kvpack::registry::PolicyInfo>& policy_list() {
   return list;
 }
 
+// kvpack_attend_batch and kvpack_attend_batch_masked (masks == nullptr: unmasked).
+kvpack_status attend_batch(const char* fn, const kvpack_pool* pool, int32_t layer, const kvpack_seq* seqs, int64_t n_seqs,
+                           const float* q, const kvpack::BatchMask* masks, float* out, kvpack_workspace* const* workspaces,
+                           int32_t n_workspaces) {
+  const std::string f = fn;
+  if (kvpack_status s = check_pool(pool, fn); s != KVPACK_OK) return s;
+  if (n_seqs < 1) return invalid(f + ": n_seqs " + std::to_string(n_seqs) + " < 1");
+  if (seqs == nullptr || q == nullptr || out == nullptr) return invalid(f + ": seqs, q and out must not be NULL");
+  if (workspaces != nullptr && n_workspaces < 1) return invalid(f + ": n_workspaces " + std::to_string(n_workspaces) + " < 1");
+  if (workspaces == nullptr && n_workspaces > 1) return invalid(f + ": n_workspaces > 1 needs that many workspaces");
+  const std::size_t N = static_cast<std::size_t>(n_seqs), floats = N * row_floats(pool->pool->shape(), true);
+  std::vector<kvpack::SeqId> ids(N);
+  for (std::size_t i = 0; i < N; ++i) ids[i] = to_id(seqs[i]);
+  const std::span<const float> qs(q, floats);
+  const std::span<float> os(out, floats);
+  auto run = [&](const kvpack::Executor& ex, std::span<kvpack::Workspace> ws) {
+    return masks ? pool->pool->attend_batch(layer, ids, qs, *masks, os, ex, ws)
+                 : pool->pool->attend_batch(layer, ids, qs, os, ex, ws);
+  };
+  if (workspaces == nullptr) {
+    std::lock_guard<std::mutex> lock(*pool->own_ws_mutex);
+    return from(run(kvpack::Executor{}, std::span<kvpack::Workspace>(pool->own_ws.get(), 1)));
+  }
+  // The pool takes a contiguous span of workspaces: each thread's is moved in for the call and
+  // moved back after (a Workspace is scratch only; moving keeps its allocations).
+  const std::size_t W = static_cast<std::size_t>(n_workspaces);
+  for (std::size_t w = 0; w < W; ++w)
+    if (kvpack_status s = check_ws(workspaces[w], fn); s != KVPACK_OK) return s;
+  for (std::size_t a = 0; a < W; ++a)
+    for (std::size_t b = a + 1; b < W; ++b)
+      if (workspaces[a] == workspaces[b]) return invalid(f + ": the same workspace is given twice");
+  std::vector<kvpack::Workspace> span_ws(W);
+  for (std::size_t w = 0; w < W; ++w) span_ws[w] = std::move(*workspaces[w]->ws);
+  const kvpack::Status st = run(kvpack::thread_executor(n_workspaces), span_ws);
+  for (std::size_t w = 0; w < W; ++w) *workspaces[w]->ws = std::move(span_ws[w]);
+  return from(st);
+}
+
 }  // namespace
 
 extern "C" {
@@ -273,36 +311,27 @@ kvpack_status kvpack_attend(const kvpack_pool* pool, kvpack_seq seq, int32_t lay
 
 kvpack_status kvpack_attend_batch(const kvpack_pool* pool, int32_t layer, const kvpack_seq* seqs, int64_t n_seqs,
                                   const float* q, float* out, kvpack_workspace* const* workspaces, int32_t n_workspaces) {
-  return guard("kvpack_attend_batch", [&]() -> kvpack_status {
-    if (kvpack_status s = check_pool(pool, "kvpack_attend_batch"); s != KVPACK_OK) return s;
-    if (n_seqs < 1) return invalid("kvpack_attend_batch: n_seqs " + std::to_string(n_seqs) + " < 1");
-    if (seqs == nullptr || q == nullptr || out == nullptr) return invalid("kvpack_attend_batch: seqs, q and out must not be NULL");
-    if (workspaces != nullptr && n_workspaces < 1)
-      return invalid("kvpack_attend_batch: n_workspaces " + std::to_string(n_workspaces) + " < 1");
-    if (workspaces == nullptr && n_workspaces > 1)
-      return invalid("kvpack_attend_batch: n_workspaces > 1 needs that many workspaces");
-    const std::size_t N = static_cast<std::size_t>(n_seqs), floats = N * row_floats(pool->pool->shape(), true);
-    std::vector<kvpack::SeqId> ids(N);
-    for (std::size_t i = 0; i < N; ++i) ids[i] = to_id(seqs[i]);
-    const std::span<const float> qs(q, floats);
-    const std::span<float> os(out, floats);
-    if (workspaces == nullptr) {
-      std::lock_guard<std::mutex> lock(*pool->own_ws_mutex);
-      return from(pool->pool->attend_batch(layer, ids, qs, os, kvpack::Executor{}, std::span<kvpack::Workspace>(pool->own_ws.get(), 1)));
-    }
-    // The pool takes a contiguous span of workspaces: each thread's is moved in for the call and
-    // moved back after (a Workspace is scratch only; moving keeps its allocations).
-    const std::size_t W = static_cast<std::size_t>(n_workspaces);
-    for (std::size_t w = 0; w < W; ++w)
-      if (kvpack_status s = check_ws(workspaces[w], "kvpack_attend_batch"); s != KVPACK_OK) return s;
-    for (std::size_t a = 0; a < W; ++a)
-      for (std::size_t b = a + 1; b < W; ++b)
-        if (workspaces[a] == workspaces[b]) return invalid("kvpack_attend_batch: the same workspace is given twice");
-    std::vector<kvpack::Workspace> span_ws(W);
-    for (std::size_t w = 0; w < W; ++w) span_ws[w] = std::move(*workspaces[w]->ws);
-    const kvpack::Status st = pool->pool->attend_batch(layer, ids, qs, os, kvpack::thread_executor(n_workspaces), span_ws);
-    for (std::size_t w = 0; w < W; ++w) *workspaces[w]->ws = std::move(span_ws[w]);
-    return from(st);
+  return guard("kvpack_attend_batch", [&] {
+    return attend_batch("kvpack_attend_batch", pool, layer, seqs, n_seqs, q, nullptr, out, workspaces, n_workspaces);
+  });
+}
+
+kvpack_status kvpack_attend_batch_masked(const kvpack_pool* pool, int32_t layer, const kvpack_seq* seqs, int64_t n_seqs,
+                                         const float* q, const float* mask, const int64_t* mask_indptr, float* out,
+                                         kvpack_workspace* const* workspaces, int32_t n_workspaces) {
+  return guard("kvpack_attend_batch_masked", [&]() -> kvpack_status {
+    const char* fn = "kvpack_attend_batch_masked";
+    if (kvpack_status s = check_pool(pool, fn); s != KVPACK_OK) return s;
+    if (n_seqs < 1) return invalid(std::string(fn) + ": n_seqs " + std::to_string(n_seqs) + " < 1");
+    if (mask == nullptr || mask_indptr == nullptr) return invalid(std::string(fn) + ": mask and mask_indptr must not be NULL");
+    const std::size_t N = static_cast<std::size_t>(n_seqs);
+    for (std::size_t i = 0; i <= N; ++i)  // before the size of `mask` is taken from mask_indptr[n_seqs]
+      if (mask_indptr[i] < (i == 0 ? 0 : mask_indptr[i - 1]))
+        return invalid(std::string(fn) + ": mask_indptr[" + std::to_string(i) + "] = " + std::to_string(mask_indptr[i]) +
+                       " is negative or below the previous entry");
+    const kvpack::BatchMask masks{std::span<const float>(mask, static_cast<std::size_t>(mask_indptr[N])),
+                                  std::span<const std::int64_t>(mask_indptr, N + 1)};
+    return attend_batch(fn, pool, layer, seqs, n_seqs, q, &masks, out, workspaces, n_workspaces);
   });
 }
 

@@ -5,12 +5,14 @@ Usage: test_capi.py PATH/TO/libkvpack_c.so
 
 Attention is compared with float64 softmax attention computed here in numpy over K/V passed
 through the codec's documented round trip (DESIGN.md "Numerics": scale rounded UP and zero-point
-DOWN to fp16, codes = clamp(round-half-even((x - zero) / scale)); fp16 = round to nearest even),
+DOWN to fp16, codes = clamp(round-half-even((x - zero) / scale)) with x - zero and the division in
+fp32 as the codec computes them; fp16 = round to nearest even),
 with the latest append exact (CASES C5). What remains is fp32 accumulation in the kernel: the
 tolerance is 1e-5 * (1 + max|V|), ~10x the fp32 error of sums over <= 65 tokens x 64 channels
 (measured: 2-3 % of it), while one quantization step moves outputs by 1e-3 (INT8) to 1e-2 (INT4):
 each run also checks that the reference WITHOUT the codec is further away than the tolerance
 (the test can tell codecs apart, fp16 included).
+Batched decode with additive masks (kvpack_attend_batch_masked): tests/capi/test_capi_masks.py.
 Errors checked: bad policy names, an evicting policy, a freed sequence, a destroyed pool, pool
 exhaustion (clear status, earlier sequences unharmed), NULL arguments.
 Exit 0: pass; 1: fail; 77: skipped (numpy missing and not in CI).
@@ -75,6 +77,8 @@ def load(path):
         "kvpack_attend": (C.c_int, [C.c_void_p, Seq, C.c_int32, FP, C.c_int64, FP, C.c_void_p]),
         "kvpack_attend_batch": (C.c_int, [C.c_void_p, C.c_int32, C.POINTER(Seq), C.c_int64, FP, FP,
                                           C.POINTER(C.c_void_p), C.c_int32]),
+        "kvpack_attend_batch_masked": (C.c_int, [C.c_void_p, C.c_int32, C.POINTER(Seq), C.c_int64, FP, FP,
+                                                 C.POINTER(C.c_int64), FP, C.POINTER(C.c_void_p), C.c_int32]),
         "kvpack_pool_stats_get": (C.c_int, [C.c_void_p, C.POINTER(Stats)]),
     }
     for name, (res, args) in sig.items():
@@ -160,12 +164,14 @@ def roundtrip(x, codec):
         lo, hi = g.min(axis=-1, keepdims=True), g.max(axis=-1, keepdims=True)
         zero = f16_round(lo, -1)
         scale = f16_round((hi - zero) / (2 ** bits - 1), 1)
-        q = np.clip(np.rint((g - zero) / scale), 0, 2 ** bits - 1)
+        t = (g.astype(np.float32) - zero.astype(np.float32)) / scale.astype(np.float32)  # in fp32, as the codec
+        q = np.clip(np.rint(t), 0, 2 ** bits - 1)
         out = zero + scale * q
     else:
         amax = np.abs(g).max(axis=-1, keepdims=True)
         scale = f16_round(amax / (2 ** (bits - 1) - 1), 1)
-        q = np.clip(np.rint(g / scale), -(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+        t = g.astype(np.float32) / scale.astype(np.float32)  # in fp32, as the codec
+        q = np.clip(np.rint(t), -(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
         out = scale * q
     return out.reshape(x.shape)
 

@@ -205,6 +205,25 @@ KVPACK_C_API kvpack_status kvpack_attend_batch(const kvpack_pool* pool, int32_t 
                                                int64_t n_seqs, const float* q, float* out,
                                                kvpack_workspace* const* workspaces, int32_t n_workspaces);
 
+/** Batched decode with per-sequence additive attention masks: as kvpack_attend_batch, and the
+ *  mask of sequence i, mask[mask_indptr[i] .. mask_indptr[i + 1]), is added to its scaled scores
+ *  q.k_t * scale before the softmax. Layout (FlashInfer's ragged one): mask is float32, one entry
+ *  per token the sequence holds in `layer` (kvpack_seq_length for every layer appended alike),
+ *  oldest token first, so entry t belongs to the token at cache index t and the decode token's own
+ *  entry is the last; mask_indptr has n_seqs + 1 non-decreasing entries. The same bias applies to
+ *  every query head (per-head masks are not supported). -INFINITY drops a token; an all-zero mask
+ *  gives outputs bit-identical to kvpack_attend_batch. The bias is applied inside the attention
+ *  kernel, on every host backend.
+ *  Errors, checked before anything runs (out untouched): those of kvpack_attend_batch; NULL mask
+ *  or mask_indptr, indptr entries negative or decreasing, a mask length other than the sequence's
+ *  tokens in the layer (the message names both), a mask of only -INFINITY (INVALID_ARGUMENT);
+ *  NaN or +INFINITY in a mask (NON_FINITE, naming the sequence and the entry). After: a
+ *  non-finite output (NON_FINITE). */
+KVPACK_C_API kvpack_status kvpack_attend_batch_masked(const kvpack_pool* pool, int32_t layer, const kvpack_seq* seqs,
+                                                      int64_t n_seqs, const float* q, const float* mask,
+                                                      const int64_t* mask_indptr, float* out,
+                                                      kvpack_workspace* const* workspaces, int32_t n_workspaces);
+
 /** A snapshot of the pool's pages and bytes in *out. Errors: bad pool or NULL out. */
 KVPACK_C_API kvpack_status kvpack_pool_stats_get(const kvpack_pool* pool, kvpack_pool_stats* out);
 

@@ -205,35 +205,25 @@ class PagedCache {
   /// empty workspaces (Errc::invalid_argument / non_finite); after: a non-finite output.
   Status attend_batch(int layer, std::span<const SeqId> seqs, std::span<const float> q, std::span<float> out,
                       const Executor& exec, std::span<Workspace> workspaces) const {
-    if (!st_) return moved("attend_batch");
-    if (Status c = check_layer("attend_batch", layer); !c) return c;
-    const std::size_t N = seqs.size(), qrow = static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(shape().head_dim);
-    if (N == 0 || q.size() != N * qrow || out.size() != q.size() || workspaces.empty())
-      return fail(Errc::invalid_argument, "attend_batch: need N >= 1 sequences, q and out of N * q_heads * head_dim = " +
-                                              std::to_string(N * qrow) + " floats (got " + std::to_string(q.size()) + ", " +
-                                              std::to_string(out.size()) + ") and at least one workspace");
-    std::vector<const pool_detail::PagedLayer*> Ls(N);
-    for (std::size_t i = 0; i < N; ++i) {
-      auto s = find(seqs[i], "attend_batch");
-      if (!s) return fail(s.error().code, s.error().message + " (sequence " + std::to_string(i) + " of the batch)");
-      Ls[i] = &(*s)->layers[static_cast<std::size_t>(layer)];
-      if (Status c = pool_detail::check_queries(shape(), layer, Ls[i]->chunk_tokens, q.subspan(i * qrow, qrow),
-                                                out.subspan(i * qrow, qrow), static_cast<std::int64_t>(i));
-          !c)
-        return c;
-    }
-    const int W = static_cast<int>(std::min(N, workspaces.size()));
-    auto task = [&](int w) {
-      for (std::size_t i = static_cast<std::size_t>(w); i < N; i += static_cast<std::size_t>(W))
-        attend_one(*Ls[i], q.subspan(i * qrow, qrow), out.subspan(i * qrow, qrow), workspaces[static_cast<std::size_t>(w)]);
-    };
-    if (exec) exec(W, task);
-    else
-      for (int w = 0; w < W; ++w) task(w);
-    for (std::size_t i = 0; i < N; ++i)
-      if (Status c = pool_detail::check_output(shape(), layer, out.subspan(i * qrow, qrow), static_cast<std::int64_t>(i)); !c)
-        return c;
-    return {};
+    return batch(layer, seqs, q, nullptr, out, exec, workspaces);
+  }
+
+  /// Batched decode with per-sequence additive masks: as attend_batch above, with mask i
+  /// (BatchMask, pool_types.hpp: ragged, values[offsets[i], offsets[i + 1]), one float32 per token
+  /// sequence i holds in `layer`, indexed by cache index) added to the scaled scores q.k_t * scale
+  /// of sequence i, the same bias for every query head. The bias is applied inside the fused
+  /// kernel's score computation (AttendArgs::bias; scalar, AVX2 and NEON alike), so pages are read
+  /// as in the unmasked call; an all-zero mask gives outputs bit-identical to it, and -inf entries
+  /// give what attention over the other tokens alone gives (up to fp32 rounding).
+  /// Errors, checked before anything runs (out untouched): those of attend_batch; offsets not
+  /// N + 1, decreasing or beyond values; a mask whose length differs from the sequence's tokens
+  /// in the layer (the message names both); an all -inf mask (Errc::invalid_argument); NaN or
+  /// +inf in a mask (Errc::non_finite, naming the sequence and the entry). After: a non-finite
+  /// output (a score plus its bias overflowed fp32). The pool has no CUDA backend (Backend<Cuda>
+  /// does not compile for a host cache, kernels/dispatch.hpp), so no backend ignores the masks.
+  Status attend_batch(int layer, std::span<const SeqId> seqs, std::span<const float> q, const BatchMask& masks,
+                      std::span<float> out, const Executor& exec, std::span<Workspace> workspaces) const {
+    return batch(layer, seqs, q, &masks, out, exec, workspaces);
   }
 
   /// Publishes the full pages of a sequence to the prefix cache: for each k with (k + 1) * B
@@ -326,14 +316,56 @@ class PagedCache {
     return fail(Errc::invalid_argument, std::string(what) + ": layer " + std::to_string(layer) + " out of range [0, " +
                                             std::to_string(shape().layers) + ")");
   }
-  // One sequence's attention, head by head on the calling thread, scratch in ws.
-  void attend_one(const pool_detail::PagedLayer& L, std::span<const float> q, std::span<float> out, Workspace& ws) const {
+  // attend_batch, with masks (BatchMask) or without (nullptr).
+  Status batch(int layer, std::span<const SeqId> seqs, std::span<const float> q, const BatchMask* masks,
+               std::span<float> out, const Executor& exec, std::span<Workspace> workspaces) const {
+    if (!st_) return moved("attend_batch");
+    if (Status c = check_layer("attend_batch", layer); !c) return c;
+    const std::size_t N = seqs.size(), qrow = static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(shape().head_dim);
+    if (N == 0 || q.size() != N * qrow || out.size() != q.size() || workspaces.empty())
+      return fail(Errc::invalid_argument, "attend_batch: need N >= 1 sequences, q and out of N * q_heads * head_dim = " +
+                                              std::to_string(N * qrow) + " floats (got " + std::to_string(q.size()) + ", " +
+                                              std::to_string(out.size()) + ") and at least one workspace");
+    std::vector<const pool_detail::PagedLayer*> Ls(N);
+    for (std::size_t i = 0; i < N; ++i) {
+      auto s = find(seqs[i], "attend_batch");
+      if (!s) return fail(s.error().code, s.error().message + " (sequence " + std::to_string(i) + " of the batch)");
+      Ls[i] = &(*s)->layers[static_cast<std::size_t>(layer)];
+      if (Status c = pool_detail::check_queries(shape(), layer, Ls[i]->chunk_tokens, q.subspan(i * qrow, qrow),
+                                                out.subspan(i * qrow, qrow), static_cast<std::int64_t>(i));
+          !c)
+        return c;
+    }
+    if (masks) {
+      std::vector<std::int64_t> tokens(N);
+      for (std::size_t i = 0; i < N; ++i) tokens[i] = Ls[i]->total;
+      if (Status c = pool_detail::check_masks(layer, *masks, tokens); !c) return c;
+    }
+    const int W = static_cast<int>(std::min(N, workspaces.size()));
+    auto task = [&](int w) {
+      for (std::size_t i = static_cast<std::size_t>(w); i < N; i += static_cast<std::size_t>(W))
+        attend_one(*Ls[i], q.subspan(i * qrow, qrow), out.subspan(i * qrow, qrow), workspaces[static_cast<std::size_t>(w)],
+                   masks ? masks->values.data() + masks->offsets[i] : nullptr);
+    };
+    if (exec) exec(W, task);
+    else
+      for (int w = 0; w < W; ++w) task(w);
+    for (std::size_t i = 0; i < N; ++i)
+      if (Status c = pool_detail::check_output(shape(), layer, out.subspan(i * qrow, qrow), static_cast<std::int64_t>(i)); !c)
+        return c;
+    return {};
+  }
+  // One sequence's attention, head by head on the calling thread, scratch in ws; bias: its
+  // additive mask by cache index (AttendArgs::bias) or nullptr.
+  void attend_one(const pool_detail::PagedLayer& L, std::span<const float> q, std::span<float> out, Workspace& ws,
+                  const float* bias = nullptr) const {
     const int D = shape().head_dim, group = shape().q_heads / shape().kv_heads;
     const std::size_t qrow = static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(D);
     const auto n_q = static_cast<std::int64_t>(q.size() / qrow);
     for (int h = 0; h < shape().kv_heads; ++h) {
       const std::int64_t at = static_cast<std::int64_t>(h) * group * D;
-      const kernels::AttendArgs a = cache_detail::attend_args(shape(), L.total, q.data() + at, out.data() + at, n_q, group);
+      kernels::AttendArgs a = cache_detail::attend_args(shape(), L.total, q.data() + at, out.data() + at, n_q, group);
+      a.bias = bias;
       const kernels::HeadSegments seg = pool_detail::segments(L, *st_->pool, st_->layout, shape().kv_heads, h, ws.refs);
       codec_hook::attend(a, seg, st_->layout, ws.scratch);
     }

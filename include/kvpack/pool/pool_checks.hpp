@@ -1,5 +1,5 @@
 // Argument checks and kernel arguments of PagedCache (the same rules and messages as KVCache's
-// append and attend), kept apart from the facade.
+// append and attend, and the masks of a batched decode), kept apart from the facade.
 #pragma once
 
 #include <cmath>
@@ -12,6 +12,7 @@
 #include "kvpack/cache/input_checks.hpp"
 #include "kvpack/cache/shape.hpp"
 #include "kvpack/kernels/dispatch.hpp"
+#include "kvpack/pool/pool_types.hpp"
 #include "kvpack/result.hpp"
 
 namespace kvpack::pool_detail {
@@ -40,6 +41,43 @@ namespace kvpack::pool_detail {
 }
 
 using cache_detail::check_queries;  // attend / attend_batch queries: the same rules as KVCache::attend
+
+/// Checks the masks of a batched decode (BatchMask, pool_types.hpp) against the batch: N + 1
+/// non-decreasing offsets within values (Errc::invalid_argument); mask i of exactly tokens[i]
+/// entries (Errc::invalid_argument naming both lengths); no NaN or +inf entry (Errc::non_finite
+/// naming the sequence and the index); not every entry -inf (Errc::invalid_argument).
+[[nodiscard]] inline Status check_masks(int layer, const BatchMask& m, std::span<const std::int64_t> tokens) {
+  const std::size_t N = tokens.size();
+  const std::string who = "attend_batch (masked): layer " + std::to_string(layer);
+  if (m.offsets.size() != N + 1)
+    return fail(Errc::invalid_argument, who + ": mask offsets hold " + std::to_string(m.offsets.size()) +
+                                            " entries; a batch of " + std::to_string(N) + " sequences needs N + 1 = " +
+                                            std::to_string(N + 1));
+  for (std::size_t i = 0; i <= N; ++i)
+    if (m.offsets[i] < (i == 0 ? 0 : m.offsets[i - 1]) || static_cast<std::uint64_t>(m.offsets[i]) > m.values.size())
+      return fail(Errc::invalid_argument, who + ": mask offset " + std::to_string(i) + " = " + std::to_string(m.offsets[i]) +
+                                              " is negative, below the previous one or beyond the " +
+                                              std::to_string(m.values.size()) + " mask values");
+  for (std::size_t i = 0; i < N; ++i) {
+    const std::string seq = who + ": sequence " + std::to_string(i) + " of the batch";
+    const std::int64_t len = m.offsets[i + 1] - m.offsets[i];
+    if (len != tokens[i])
+      return fail(Errc::invalid_argument, seq + ": mask of " + std::to_string(len) + " entries, but the sequence holds " +
+                                              std::to_string(tokens[i]) + " tokens in the layer (one entry per token)");
+    const float* x = m.values.data() + m.offsets[i];
+    bool any = false;
+    for (std::int64_t t = 0; t < len; ++t) {
+      if (std::isnan(x[t]) || x[t] == std::numeric_limits<float>::infinity())
+        return fail(Errc::non_finite, seq + ": mask entry " + std::to_string(t) + " is " + std::to_string(x[t]) +
+                                          " (entries must be finite, or -inf to drop the key)");
+      any |= x[t] != -std::numeric_limits<float>::infinity();
+    }
+    if (!any)
+      return fail(Errc::invalid_argument, seq + ": every one of its " + std::to_string(len) +
+                                              " mask entries is -inf (the query would attend to nothing)");
+  }
+  return {};
+}
 
 /// Errc::non_finite when an attention output is not finite (a logit overflowed fp32).
 [[nodiscard]] inline Status check_output(const ModelShape& shape, int layer, std::span<const float> out, std::int64_t seq) {

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kvpack/cache/shape.hpp"
@@ -36,6 +37,21 @@ struct SeqId {
   std::uint32_t index = 0xFFFFFFFFu;
   std::uint32_t generation = 0;
   friend constexpr bool operator==(const SeqId&, const SeqId&) = default;
+};
+
+/// Additive attention masks of a batched decode (PagedCache::attend_batch with masks), one per
+/// sequence of the batch, in the ragged CSR layout of FlashInfer's custom masks (a flat array plus
+/// an index pointer): sequence i's mask is values[offsets[i], offsets[i + 1]), float32, one entry
+/// per token the sequence holds in the layer attended (PagedCache::tokens(id, layer)). Entry t
+/// belongs to the key with cache index t (0 = the oldest token, in order of append; the decode
+/// query's own token is the last) and is added, in logit units, to the scaled score
+/// q.k_t * scale before the softmax, for every query head (the same bias for all heads of every
+/// GQA group; per-head masks are not supported). -INFINITY removes key t; NaN and +INFINITY are
+/// rejected (Errc::non_finite), and so is a mask that removes every key (Errc::invalid_argument).
+/// Example (ALiBi with slope s, sequence of n tokens): values[offsets[i] + t] = -s * (n - 1 - t).
+struct BatchMask {
+  std::span<const float> values;          ///< every mask, concatenated (any order the offsets name)
+  std::span<const std::int64_t> offsets;  ///< N + 1 non-decreasing offsets into values
 };
 
 /// One live sequence in PoolStats.

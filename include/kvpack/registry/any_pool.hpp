@@ -53,6 +53,10 @@ class AnyPool {
   /// q, out [N][q_heads][head_dim], one decode query per sequence of `seqs`.
   virtual Status attend_batch(int layer, std::span<const SeqId> seqs, std::span<const float> q, std::span<float> out,
                               const Executor& exec, std::span<Workspace> workspaces) const = 0;
+  /// The same with per-sequence additive masks (BatchMask: ragged, one float per token of each
+  /// sequence in the layer, added to the scaled scores of every query head).
+  virtual Status attend_batch(int layer, std::span<const SeqId> seqs, std::span<const float> q, const BatchMask& masks,
+                              std::span<float> out, const Executor& exec, std::span<Workspace> workspaces) const = 0;
   virtual Result<std::int64_t> publish_prefix(SeqId id, std::string_view model_id, std::span<const std::int32_t> tokens) = 0;
   virtual Result<std::int64_t> attach_prefix(SeqId id, std::string_view model_id, std::span<const std::int32_t> prompt) = 0;
   virtual void clear_prefix_cache() = 0;
@@ -100,6 +104,10 @@ class PoolAdapter final : public AnyPool {
   Status attend_batch(int layer, std::span<const SeqId> seqs, std::span<const float> q, std::span<float> out,
                       const Executor& exec, std::span<Workspace> workspaces) const override {
     return pool_.attend_batch(layer, seqs, q, out, exec, workspaces);
+  }
+  Status attend_batch(int layer, std::span<const SeqId> seqs, std::span<const float> q, const BatchMask& masks,
+                      std::span<float> out, const Executor& exec, std::span<Workspace> workspaces) const override {
+    return pool_.attend_batch(layer, seqs, q, masks, out, exec, workspaces);
   }
   Result<std::int64_t> publish_prefix(SeqId id, std::string_view model_id, std::span<const std::int32_t> tokens) override {
     return pool_.publish_prefix(id, model_id, tokens);
