@@ -179,6 +179,8 @@ def run_fixed(model, ids, half, base, budget, impl):
             out = model(input_ids=ids[:, p:p + 1], past_key_values=cache,
                         position_ids=torch.tensor([[p]]), use_cache=True)
             rows.append(out.logits[0, -1].float())
+            if (p - half) % 256 == 255:
+                print(f"  fixed-budget: {p - half + 1} of {ctx - 1 - half} tokens decoded", file=sys.stderr, flush=True)
     return torch.stack(rows), after, held_tokens(model, cache)
 
 
