@@ -1,9 +1,11 @@
 // PagedCache::attend_batch: one decode query per sequence over sequences of lengths 1, 31, 33,
 // 95, 200 (GQA), serially and on several threads, bit-identical to attend() of each sequence
 // alone; bad batches are errors with `out` untouched. The prefix cache: a sequence that attaches
-// published pages decodes bit-identically to one that appended the whole prompt itself.
+// published pages decodes bit-identically to one that appended the whole prompt itself;
+// import_pages copies full pages in all or nothing (pool exhausted: nothing changes).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
 #include "support/pool_twin.hpp"
@@ -140,6 +142,56 @@ TEST(PoolPrefix, AttachedPagesDecodeAsTheWholePromptWould) {
       << "140 tokens commit 96 (residual 16, groups of 32): one full page";
   pool.clear_prefix_cache();
   EXPECT_EQ(pool.stats().prefix_entries, 0u);
+}
+
+TEST(PoolPrefix, ImportPagesCopiesFullPagesAllOrNothing) {
+  // Pool A's full pages, copied out as payloads [page][layer][kv_head], imported into pool B
+  // (PagedCache::import_pages: the remote tier's import side) give B's sequence A's pages.
+  auto a = Pool::create({.shape = kShape, .byte_budget = 1 << 24, .max_sequences = 2}).value();
+  const SeqId src = a.create_sequence().value();
+  feed(a, src, 0, 250, 7);  // 234 committed: 3 full pages
+  const std::size_t bytes = a.block_layout().bytes;
+  std::vector<std::byte> payloads;
+  for (std::size_t p = 0; p < 3; ++p)
+    for (int l = 0; l < kShape.layers; ++l)
+      for (int h = 0; h < kShape.kv_heads; ++h) {
+        const auto v = a.pages(src, l, h).value()[p];
+        payloads.insert(payloads.end(), v.data, v.data + bytes);
+      }
+  const std::size_t page = PagePool::stride_for(bytes);
+  auto b = Pool::create({.shape = kShape, .byte_budget = 11 * page, .max_sequences = 2}).value();
+  const SeqId id = b.create_sequence().value();
+  const std::size_t free0 = b.stats().pages_free;
+  auto bad = b.import_pages(id, std::span<const std::byte>(payloads).first(payloads.size() - 1));
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().code, Errc::invalid_argument);
+  auto full = b.import_pages(id, payloads);  // 12 pages needed, 11 in the pool
+  ASSERT_FALSE(full);
+  EXPECT_EQ(full.error().code, Errc::capacity_exceeded);
+  EXPECT_NE(full.error().message.find("12 pages needed, 11 free"), std::string::npos) << full.error().message;
+  EXPECT_EQ(b.length(id).value(), 0);
+  EXPECT_EQ(b.stats().pages_free, free0);
+  const auto two = std::span<const std::byte>(payloads).first(payloads.size() / 3 * 2);
+  ASSERT_EQ(b.import_pages(id, two).value(), 128);
+  EXPECT_EQ(b.stats().pages_free, free0 - 8);
+  for (int l = 0; l < kShape.layers; ++l)
+    for (int h = 0; h < kShape.kv_heads; ++h) {
+      const auto pa = a.pages(src, l, h).value(), pb = b.pages(id, l, h).value();
+      ASSERT_EQ(pb.size(), 2u);
+      for (std::size_t p = 0; p < 2; ++p) {
+        EXPECT_EQ(pb[p].header.count, 64);
+        EXPECT_EQ(pb[p].header.flags, pa[p].header.flags);
+        EXPECT_EQ(std::memcmp(pb[p].data, pa[p].data, bytes), 0) << l << "/" << h << "/" << p;
+      }
+    }
+  // The rest of a 150-token prompt (commits 128 + 0: the imported pages are all it commits).
+  for (int l = 0; l < kShape.layers; ++l)
+    ASSERT_TRUE(b.append(id, l, kvtest::normal(22 * kRow, static_cast<std::uint32_t>(7 + l)),
+                         kvtest::normal(22 * kRow, static_cast<std::uint32_t>(57 + l)), kvtest::iota_positions(128, 22)));
+  auto again = b.import_pages(id, two);
+  ASSERT_FALSE(again) << "holds pending tokens now";
+  EXPECT_EQ(again.error().code, Errc::invalid_argument);
+  EXPECT_EQ(b.length(id).value(), 150);
 }
 
 }  // namespace pool_batch_test

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kvpack/cache/block.hpp"
 #include "kvpack/codec/format_id.hpp"
 #include "kvpack/offload/block_header.hpp"
 

@@ -253,6 +253,26 @@ class PagedCache {
     return st_->attach(**s, model_id, prompt);
   }
 
+  /// Appends n full pages, given as their payload bytes, to a sequence that holds whole committed
+  /// pages only (an empty one, or one attach_prefix or an earlier import just filled): the import
+  /// side of a remote prefix tier (offload/remote_pool_prefix.hpp). `payloads`: n * layers *
+  /// kv_heads pages of block_layout().bytes each, ordered [page][layer][kv_head], each a full
+  /// block (Blocks<B> tokens) exactly as a page of this pool (or a KVCache block of the same
+  /// policies) holds it; headers are set to this codec's with count = B. Returns the sequence's
+  /// length afterwards (a multiple of B). The tokens count as committed; the latest append and
+  /// the rollback copies are dropped (truncate cannot go below the imported tokens), as with
+  /// attach_prefix. Errors, with nothing changed: stale handle; a payload size that is not a
+  /// whole number of pages, a sequence holding pending or uncommitted tokens or layers of
+  /// different lengths, a negative position (Errc::invalid_argument); more than max_tokens, or
+  /// the page pool short of n * layers * kv_heads free pages (Errc::capacity_exceeded, naming
+  /// pages needed and free); Sinks<N> (Errc::unsupported: sink rows are not paged).
+  Result<std::int64_t> import_pages(SeqId id, std::span<const std::byte> payloads) {
+    auto s = find(id, "import_pages");
+    if (!s) return s.error();
+    if (sink_tokens > 0) return fail(Errc::unsupported, "import_pages: not available with Sinks<N> (sink rows are not paged)");
+    return st_->import_pages(**s, payloads);
+  }
+
   /// Drops every published prefix entry (their pages lose the cache's reference).
   void clear_prefix_cache() {
     if (st_) st_->prefix.clear(*st_->pool);

@@ -1,12 +1,13 @@
 // PoolState: what a PagedCache owns (configuration, page arena, prefix cache, sequence slots) and
 // the operations that span several sequences or layers: opening and closing slots, truncate
-// (checked for every layer before any changes), publishing and attaching prefix pages, stats.
+// (checked for every layer before any changes), publishing, attaching and importing prefix pages, stats.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvpack/detail/secure_zero.hpp"
 #include "kvpack/pool/page_pool.hpp"
 #include "kvpack/pool/paged_sequence.hpp"
 #include "kvpack/pool/pool_types.hpp"
@@ -168,6 +170,54 @@ struct PoolState {
               pages[static_cast<std::size_t>(k) * per_block + l * static_cast<std::size_t>(cfg.shape.kv_heads) + static_cast<std::size_t>(h)]);
     for (PagedLayer& L : s.layers) L.total = L.committed = m * B;
     return m * B;
+  }
+
+  /// Appends full pages given as payload bytes ([page][layer][kv_head][layout.bytes]) to a
+  /// sequence holding only whole committed pages; all or nothing (see PagedCache::import_pages).
+  Result<std::int64_t> import_pages(SeqSlot& s, std::span<const std::byte> payloads) {
+    const auto bad = [](const std::string& m) { return fail(Errc::invalid_argument, "import_pages: " + m); };
+    const int B = layout.tokens;
+    const std::size_t heads = static_cast<std::size_t>(cfg.shape.kv_heads), per_page = s.layers.size() * heads;
+    if (payloads.size() % (per_page * layout.bytes) != 0)
+      return bad(std::to_string(payloads.size()) + " bytes is not a whole number of pages of layers * kv_heads * " +
+                 std::to_string(layout.bytes) + " bytes");
+    const auto n = static_cast<std::int64_t>(payloads.size() / (per_page * layout.bytes));
+    const std::int64_t have = s.layers[0].total;
+    for (std::size_t l = 0; l < s.layers.size(); ++l) {
+      const PagedLayer& L = s.layers[l];
+      if (L.total != have || L.committed != L.total || L.total % B != 0 || !L.pend.empty() || L.sinks_held != 0)
+        return bad("layer " + std::to_string(l) + " holds " + std::to_string(L.total) + " tokens, " +
+                   std::to_string(L.committed) + " committed: the sequence must hold whole pages only, the same in every layer");
+    }
+    if (n == 0) return have;
+    if (have + n * B > cfg.shape.max_tokens)
+      return fail(Errc::capacity_exceeded, "import_pages: " + std::to_string(have + n * B) + " tokens exceed max_tokens = " +
+                                               std::to_string(cfg.shape.max_tokens));
+    for (std::size_t i = 0; i < static_cast<std::size_t>(n) * per_page; ++i)
+      for (int t = 0; t < B; ++t) {
+        std::int32_t p;
+        std::memcpy(&p, payloads.data() + i * layout.bytes + layout.positions + static_cast<std::size_t>(t) * sizeof p, sizeof p);
+        if (p < 0) return bad("negative position in an imported page");
+      }
+    std::vector<std::uint32_t> fresh;
+    if (Status t = pool->take(static_cast<std::size_t>(n) * per_page, fresh, "import_pages"); !t) return t.error();
+    std::size_t i = 0;
+    for (std::int64_t k = 0; k < n; ++k)
+      for (PagedLayer& L : s.layers)
+        for (std::size_t h = 0; h < heads; ++h, ++i) {
+          const std::uint32_t pg = fresh[i];
+          std::memcpy(pool->data(pg), payloads.data() + i * layout.bytes, layout.bytes);
+          pool->header(pg).count = static_cast<std::uint16_t>(B);
+          pool->header(pg).version = 1;
+          L.pages[h].push_back(pg);
+        }
+    for (PagedLayer& L : s.layers) {
+      L.total = L.committed = have + n * B;
+      for (auto* v : {&L.chunk_k, &L.chunk_v}) detail::wipe_vector(*v);  // the latest append is not the newest any more
+      L.chunk_tokens = 0;
+      L.hist.wipe();  // rollback copies would not be the newest tokens: no truncate below this point
+    }
+    return have + n * B;
   }
 
   [[nodiscard]] PoolStats stats() const {
