@@ -188,8 +188,11 @@ TYPED_TEST(PoolRoundTrip, AttachedPagesAreThePublishersAndDecodeBitIdentical) {
     EXPECT_EQ(rep->pages, attachable<Pool>(n) / B);
     EXPECT_EQ(rep->stored, static_cast<uint64_t>(rep->pages) * 4 * 2);
     EXPECT_EQ(consume(share, a, prompt), attachable<Pool>(n));
-    // Another prompt sharing only the first page attaches at most that page.
+    // A prompt that is a prefix of the published one attaches only what appending it commits
+    // (Residual<16>: fewer pages than it covers); one sharing only the first page, at most that.
     if (n >= 3 * B) {
+      const std::vector<int32_t> head(prompt.begin(), prompt.begin() + 2 * B + 12);
+      EXPECT_EQ(consume(share, a, head), attachable<Pool>(2 * B + 12));
       auto other = prompt;
       other[static_cast<std::size_t>(B) + 3] ^= 0x55;
       EXPECT_EQ(consume(share, a, other), std::min<int64_t>(B, attachable<Pool>(n)));
@@ -308,9 +311,23 @@ TEST(RemotePoolPrefixFaults, TamperedValueStopsTheImportAtItsPage) {
   EXPECT_EQ(p->tier->stats().error(ko::RemoteError::rejected), 1u);
   // A value copied under another page's key (the key binding) is rejected too.
   const std::string k0 = key_of(p->a, *p->tier, p->prompt, 0, 0, 0), k01 = key_of(p->a, *p->tier, p->prompt, 0, 0, 1);
-  const std::string v0 = raw_get(admin, k0);
+  const std::string v0 = raw_get(admin, k0), v01 = raw_get(admin, k01);
   raw_cmd(admin, "SET", k01, &v0);
   EXPECT_EQ(consume(share, p->a, p->prompt), 0);
+  raw_cmd(admin, "SET", k01, &v01);
+  // A value of another prompt's page at the same coordinates (the key digest binding) too.
+  auto other = p->prompt;
+  other[0] ^= 1;
+  raw_cmd(admin, "SET", key_of(p->a, *p->tier, other, 0, 0, 0), &v0);
+  for (int l = 0; l < 4; ++l)
+    for (int h = 0; h < 2; ++h) {
+      if (l == 0 && h == 0) continue;
+      const std::string vh = raw_get(admin, key_of(p->a, *p->tier, p->prompt, 0, l, h));
+      raw_cmd(admin, "SET", key_of(p->a, *p->tier, other, 0, l, h), &vh);
+    }
+  const uint64_t rejected = p->tier->stats().error(ko::RemoteError::rejected);
+  EXPECT_EQ(consume(share, p->a, other), 0);
+  EXPECT_EQ(p->tier->stats().error(ko::RemoteError::rejected), rejected + 4 * 2);
   // An evicted page (deleted key) stops the import there.
   freeReplyObject(redisCommand(admin, "FLUSHALL"));
   redisFree(admin);
