@@ -64,7 +64,9 @@ namespace kvpack::offload {
 
 /// Publishes and attaches the prefix pages of sequences of PagedCache type `Pool` through one
 /// RemoteTier. Holds no sequence state: one object may serve any pool of the same type and
-/// shape. Not thread-safe by itself if the tier is not (RemoteTier serializes its connection).
+/// shape. Calls may run from several threads (the sealer is thread-safe, the tier serializes its
+/// connection); the pool's rule applies to the sequence: no other call on the same sequence may
+/// overlap publish() or attach() (publish reads the sequence's pages while it seals them).
 template <class Pool>
 class RemotePoolPrefixShare {
  public:
