@@ -88,11 +88,11 @@ class RemotePoolPrefixShare {
   }
 
   /// Bytes of one sealed page value (block payload + 72).
-  [[nodiscard]] std::size_t value_bytes() const noexcept { return sealer_.record_size(); }
+  [[nodiscard]] std::size_t value_bytes() const noexcept { return pages_.sealer().record_size(); }
   /// The tier (stats, ping).
-  [[nodiscard]] RemoteTier& tier() const noexcept { return *tier_; }
+  [[nodiscard]] RemoteTier& tier() const noexcept { return pages_.tier(); }
   /// The model id every address includes.
-  [[nodiscard]] const std::string& model_id() const noexcept { return model_id_; }
+  [[nodiscard]] const std::string& model_id() const noexcept { return pages_.model_id(); }
 
   /// Publishes every full page of sequence `id` that covers `tokens` (the token ids the
   /// sequence was fed, oldest first, positions 0, 1, ...): page p when (p + 1) * B <= tokens.size()
@@ -107,7 +107,7 @@ class RemotePoolPrefixShare {
       return fail(Errc::unsupported, "RemotePoolPrefixShare::publish: not available with Sinks<N> (sink rows are not paged)");
     // Page tables [layer][kv_head]; a page is full when its header counts B tokens.
     std::vector<std::vector<PageView>> tables;
-    const auto digests = prefix_page_digests(model_id_, tokens, page_tokens);
+    const auto digests = prefix_page_digests(pages_.model_id(), tokens, page_tokens);
     int64_t pages = static_cast<int64_t>(digests.size());
     for (int l = 0; l < shape_.layers; ++l)
       for (int h = 0; h < shape_.kv_heads; ++h) {
@@ -118,37 +118,9 @@ class RemotePoolPrefixShare {
         pages = std::min(pages, full);
         tables.push_back(std::move(t).value());
       }
-    PrefixPublishReport rep;
-    rep.pages = pages;
-    const std::size_t rec = sealer_.record_size(), payload = sealer_.layout().max_payload_bytes;
-    const int64_t step = std::max(1, pages_per_batch);
-    std::vector<std::string> keys;
-    std::vector<std::byte> buf;
-    std::vector<std::span<const std::byte>> values;
-    for (int64_t p0 = 0; p0 < pages; p0 += step) {
-      const int64_t p1 = std::min(pages, p0 + step);
-      keys.clear();
-      values.clear();
-      buf.assign(static_cast<std::size_t>(p1 - p0) * per_page() * rec, std::byte{0});
-      std::size_t at = 0;
-      for (int64_t p = p0; p < p1; ++p)
-        for (int l = 0; l < shape_.layers; ++l)
-          for (int h = 0; h < shape_.kv_heads; ++h) {
-            const PageView& v = tables[static_cast<std::size_t>(l * shape_.kv_heads + h)][static_cast<std::size_t>(p)];
-            if (!positions_are_indices(v.data, p)) continue;
-            const PageCoord c{l, h, shape_.kv_heads, p};
-            const PageDigest k = page_key(digests[static_cast<std::size_t>(p)], c, sealer_.layout(), sealer_.aead());
-            const std::span<std::byte> out(buf.data() + at * rec, rec);
-            if (!sealer_.seal(k, c, std::span<const std::byte>(v.data, payload), out)) continue;
-            keys.push_back(key_string(k));
-            values.push_back(out);
-            ++at;
-          }
-      rep.values += values.size();
-      rep.record_bytes += values.size() * rec;
-      rep.stored += tier_->set_many(keys, values);
-    }
-    return rep;
+    return pages_.publish(digests, pages, pages_per_batch, [&](int64_t p, int l, int h) -> const std::byte* {
+      return tables[static_cast<std::size_t>(l * shape_.kv_heads + h)][static_cast<std::size_t>(p)].data;
+    });
   }
 
   /// Attaches to sequence `id`, about to receive `prompt` (all of it, positions 0, 1, ...), the
@@ -181,49 +153,26 @@ class RemotePoolPrefixShare {
     }
     const int64_t m_max = pool_detail::commit_count(static_cast<int64_t>(prompt.size()), Pool::residual_tokens,
                                                     Pool::commit_unit) / page_tokens;
-    const auto digests = prefix_page_digests(model_id_, prompt.first(static_cast<std::size_t>(m_max * page_tokens)),
+    const auto digests = prefix_page_digests(pages_.model_id(), prompt.first(static_cast<std::size_t>(m_max * page_tokens)),
                                              page_tokens);
     const int64_t pages = static_cast<int64_t>(digests.size());
-    const std::size_t payload = sealer_.layout().max_payload_bytes, heads = static_cast<std::size_t>(shape_.kv_heads);
+    const std::size_t payload = pages_.payload(), per_page = pages_.per_page();
     const int64_t step = std::max(1, pages_per_batch);
-    std::vector<std::string> keys;
     std::vector<PageDigest> digs;
     std::vector<std::byte> plain;  // verified payloads, [page][layer][kv_head]
     std::size_t verified = 0;      // pages in `plain`
     bool complete = true;
     for (int64_t p0 = have / page_tokens; complete && p0 < pages; p0 += step) {
       const int64_t p1 = std::min(pages, p0 + step);
-      keys.clear();
-      digs.clear();
-      for (int64_t p = p0; p < p1; ++p)
-        for (int l = 0; l < shape_.layers; ++l)
-          for (int h = 0; h < shape_.kv_heads; ++h) {
-            digs.push_back(page_key(digests[static_cast<std::size_t>(p)], PageCoord{l, h, shape_.kv_heads, p},
-                                    sealer_.layout(), sealer_.aead()));
-            keys.push_back(key_string(digs.back()));
-          }
-      const std::vector<RemoteValue> got = tier_->get_many(keys);
-      grow(plain, static_cast<std::size_t>(verified + static_cast<std::size_t>(p1 - p0)) * per_page() * payload);
+      const std::vector<RemoteValue> got = pages_.fetch(digests, p0, p1, digs);
+      grow(plain, static_cast<std::size_t>(verified + static_cast<std::size_t>(p1 - p0)) * per_page * payload);
       for (int64_t p = p0; complete && p < p1; ++p) {
-        const std::size_t base = static_cast<std::size_t>(p - p0) * per_page();
-        uint64_t rejected = 0;
-        for (std::size_t i = 0; i < per_page(); ++i) {
-          const RemoteValue& v = got[base + i];
-          const auto l = static_cast<int32_t>(i / heads), h = static_cast<int32_t>(i % heads);
-          const std::span<std::byte> out(plain.data() + (verified * per_page() + i) * payload, payload);
-          if (!v) {
-            complete = false;
-          } else if (!sealer_.open(digs[base + i], PageCoord{l, h, shape_.kv_heads, p}, *v, out) ||
-                     !positions_are_indices(out.data(), p)) {
-            complete = false;
-            ++rejected;
-          }
-        }
-        if (rejected) tier_->count_rejected(rejected);
+        complete = pages_.open_page(got, digs, static_cast<std::size_t>(p - p0) * per_page, p,
+                                    plain.data() + verified * per_page * payload, true);
         if (complete) ++verified;
       }
     }
-    Result<int64_t> r = pool.import_pages(id, std::span<const std::byte>(plain.data(), verified * per_page() * payload));
+    Result<int64_t> r = pool.import_pages(id, std::span<const std::byte>(plain.data(), verified * per_page * payload));
     sodium_memzero(plain.data(), plain.size());
     if (!r) return fail(r.error().code, "RemotePoolPrefixShare::attach: " + r.error().message);
     return r;
@@ -232,13 +181,7 @@ class RemotePoolPrefixShare {
  private:
   RemotePoolPrefixShare(RemoteTier& tier, PageSealer sealer, std::string model_id, const ModelShape& shape,
                         std::size_t positions_offset)
-      : tier_(&tier), sealer_(std::move(sealer)), model_id_(std::move(model_id)), shape_(shape),
-        positions_offset_(positions_offset) {}
-
-  [[nodiscard]] std::size_t per_page() const noexcept {
-    return static_cast<std::size_t>(shape_.layers) * static_cast<std::size_t>(shape_.kv_heads);
-  }
-  [[nodiscard]] std::string key_string(const PageDigest& d) const { return tier_->config().key_prefix + d.hex(); }
+      : pages_(tier, std::move(sealer), std::move(model_id), shape, positions_offset, page_tokens), shape_(shape) {}
 
   // Resizes the plaintext buffer without leaving a copy of verified payloads behind.
   static void grow(std::vector<std::byte>& v, std::size_t n) {
@@ -254,21 +197,8 @@ class RemotePoolPrefixShare {
     v.swap(w);
   }
 
-  // Page p of a shareable prefix holds positions p*B .. p*B+B-1 (the prompt starts at 0).
-  [[nodiscard]] bool positions_are_indices(const std::byte* data, int64_t page) const {
-    for (int t = 0; t < page_tokens; ++t) {
-      int32_t pos;
-      std::memcpy(&pos, data + positions_offset_ + static_cast<std::size_t>(t) * sizeof pos, sizeof pos);
-      if (pos != page * page_tokens + t) return false;
-    }
-    return true;
-  }
-
-  RemoteTier* tier_;
-  PageSealer sealer_;
-  std::string model_id_;
+  detail::PrefixPages pages_;
   ModelShape shape_;
-  std::size_t positions_offset_;  // byte offset of the int32 positions in a block payload
 };
 
 }  // namespace kvpack::offload

@@ -38,18 +38,11 @@
 #include "kvpack/offload/cache_layout.hpp"
 #include "kvpack/offload/remote_page_codec.hpp"
 #include "kvpack/offload/remote_page_key.hpp"
+#include "kvpack/offload/remote_prefix_pages.hpp"
 #include "kvpack/offload/remote_tier.hpp"
 #include "kvpack/result.hpp"
 
 namespace kvpack::offload {
-
-/// What publish() did. Values are (page, layer, KV head) records.
-struct PrefixPublishReport {
-  int64_t pages = 0;           ///< full pages of the prompt the cache holds (offered)
-  uint64_t values = 0;         ///< records sent (pages * layers * kv_heads)
-  uint64_t stored = 0;         ///< records the server acknowledged
-  uint64_t record_bytes = 0;   ///< bytes of the records sent
-};
 
 /// Publishes and imports the prefix pages of caches of type `Cache` through one RemoteTier.
 template <class Cache>
@@ -75,48 +68,21 @@ class RemotePrefixShare {
   /// Tokens per page (Blocks<B>).
   static constexpr int page_tokens = Cache::block_tokens;
   /// Bytes of one sealed page value (payload + 72).
-  [[nodiscard]] std::size_t value_bytes() const noexcept { return sealer_.record_size(); }
+  [[nodiscard]] std::size_t value_bytes() const noexcept { return pages_.sealer().record_size(); }
   /// The tier (stats, ping).
-  [[nodiscard]] RemoteTier& tier() const noexcept { return *tier_; }
+  [[nodiscard]] RemoteTier& tier() const noexcept { return pages_.tier(); }
 
   /// Publishes every full page of `prompt` that `cache` holds in all layers (a trailing partial
   /// page is never published), `pages_per_batch` pages per pipelined round trip. Never fails:
   /// what the server did not store stays local only (counted in the report and tier stats).
   PrefixPublishReport publish(const Cache& cache, std::span<const int32_t> prompt, int pages_per_batch = 8) {
-    PrefixPublishReport rep;
-    const auto digests = prefix_page_digests(model_id_, prompt, page_tokens);
+    const auto digests = prefix_page_digests(pages_.model_id(), prompt, page_tokens);
     int64_t pages = static_cast<int64_t>(digests.size());
     for (int l = 0; l < shape_.layers; ++l) pages = std::min<int64_t>(pages, cache.quantized_tokens(l) / page_tokens);
-    rep.pages = pages;
-    const std::size_t rec = sealer_.record_size(), payload = sealer_.layout().max_payload_bytes;
-    const int64_t step = std::max(1, pages_per_batch);
-    std::vector<std::string> keys;
-    std::vector<std::byte> buf;
-    std::vector<std::span<const std::byte>> values;
-    for (int64_t p0 = 0; p0 < pages; p0 += step) {
-      const int64_t p1 = std::min(pages, p0 + step);
-      keys.clear();
-      values.clear();
-      buf.assign(static_cast<std::size_t>(p1 - p0) * per_page() * rec, std::byte{0});
-      std::size_t at = 0;
-      for (int64_t p = p0; p < p1; ++p)
-        for (int l = 0; l < shape_.layers; ++l)
-          for (int h = 0; h < shape_.kv_heads; ++h) {
-            const auto& b = cache.blocks(l, h)[static_cast<std::size_t>(p)];
-            if (!b.data || b.header.count != page_tokens || !positions_are_indices(b.data.get(), p)) continue;
-            const PageCoord c{l, h, shape_.kv_heads, p};
-            const PageDigest k = page_key(digests[static_cast<std::size_t>(p)], c, sealer_.layout(), sealer_.aead());
-            const std::span<std::byte> out(buf.data() + at * rec, rec);
-            if (!sealer_.seal(k, c, std::span<const std::byte>(b.data.get(), payload), out)) continue;
-            keys.push_back(key_string(k));
-            values.push_back(out);
-            ++at;
-          }
-      rep.values += values.size();
-      rep.record_bytes += values.size() * rec;
-      rep.stored += tier_->set_many(keys, values);
-    }
-    return rep;
+    return pages_.publish(digests, pages, pages_per_batch, [&](int64_t p, int l, int h) -> const std::byte* {
+      const auto& b = cache.blocks(l, h)[static_cast<std::size_t>(p)];
+      return b.data && b.header.count == page_tokens ? b.data.get() : nullptr;
+    });
   }
 
   /// Imports the leading pages of `prompt` the tier holds complete and verified into `cache`,
@@ -133,44 +99,19 @@ class RemotePrefixShare {
         return fail(Errc::invalid_argument, "RemotePrefixShare::import: every layer must hold the same whole number "
                                             "of pages (layer " + std::to_string(l) + " holds " +
                                             std::to_string(cache.tokens(l)) + " tokens)");
-    const auto digests = prefix_page_digests(model_id_, prompt, page_tokens);
+    const auto digests = prefix_page_digests(pages_.model_id(), prompt, page_tokens);
     const int64_t pages = static_cast<int64_t>(digests.size());
-    const std::size_t payload = sealer_.layout().max_payload_bytes, heads = static_cast<std::size_t>(shape_.kv_heads);
+    const std::size_t payload = pages_.payload(), heads = static_cast<std::size_t>(shape_.kv_heads);
     const int64_t step = std::max(1, pages_per_batch);
-    std::vector<std::string> keys;
     std::vector<PageDigest> digs;
     std::vector<std::byte> plain;
     for (int64_t p0 = have / page_tokens; p0 < pages; p0 += step) {
       const int64_t p1 = std::min(pages, p0 + step);
-      keys.clear();
-      digs.clear();
-      for (int64_t p = p0; p < p1; ++p)
-        for (int l = 0; l < shape_.layers; ++l)
-          for (int h = 0; h < shape_.kv_heads; ++h) {
-            digs.push_back(page_key(digests[static_cast<std::size_t>(p)], PageCoord{l, h, shape_.kv_heads, p},
-                                    sealer_.layout(), sealer_.aead()));
-            keys.push_back(key_string(digs.back()));
-          }
-      const std::vector<RemoteValue> got = tier_->get_many(keys);
+      const std::vector<RemoteValue> got = pages_.fetch(digests, p0, p1, digs);
       // Verify page by page; a page enters the cache only when all its values verified.
-      plain.assign(per_page() * payload, std::byte{0});
+      plain.assign(pages_.per_page() * payload, std::byte{0});
       for (int64_t p = p0; p < p1; ++p) {
-        const std::size_t base = static_cast<std::size_t>(p - p0) * per_page();
-        uint64_t rejected = 0;
-        bool complete = true;
-        for (std::size_t i = 0; i < per_page(); ++i) {
-          const RemoteValue& v = got[base + i];
-          const auto l = static_cast<int32_t>(i / heads), h = static_cast<int32_t>(i % heads);
-          const std::span<std::byte> out(plain.data() + i * payload, payload);
-          if (!v) {
-            complete = false;
-          } else if (!sealer_.open(digs[base + i], PageCoord{l, h, shape_.kv_heads, p}, *v, out)) {
-            complete = false;
-            ++rejected;
-          }
-        }
-        if (rejected) tier_->count_rejected(rejected);
-        if (!complete) {
+        if (!pages_.open_page(got, digs, static_cast<std::size_t>(p - p0) * pages_.per_page(), p, plain.data(), false)) {
           sodium_memzero(plain.data(), plain.size());
           return cache.tokens(0);
         }
@@ -191,30 +132,10 @@ class RemotePrefixShare {
  private:
   RemotePrefixShare(RemoteTier& tier, PageSealer sealer, std::string model_id, const ModelShape& shape,
                     std::size_t positions_offset)
-      : tier_(&tier), sealer_(std::move(sealer)), model_id_(std::move(model_id)), shape_(shape),
-        positions_offset_(positions_offset) {}
+      : pages_(tier, std::move(sealer), std::move(model_id), shape, positions_offset, page_tokens), shape_(shape) {}
 
-  [[nodiscard]] std::size_t per_page() const noexcept {
-    return static_cast<std::size_t>(shape_.layers) * static_cast<std::size_t>(shape_.kv_heads);
-  }
-  [[nodiscard]] std::string key_string(const PageDigest& d) const { return tier_->config().key_prefix + d.hex(); }
-
-  // Block b of a shareable prefix holds positions b*B .. b*B+B-1 (the prompt starts at 0).
-  [[nodiscard]] bool positions_are_indices(const std::byte* data, int64_t page) const {
-    const std::size_t off = positions_offset_;
-    for (int t = 0; t < page_tokens; ++t) {
-      int32_t pos;
-      std::memcpy(&pos, data + off + static_cast<std::size_t>(t) * sizeof pos, sizeof pos);
-      if (pos != page * page_tokens + t) return false;
-    }
-    return true;
-  }
-
-  RemoteTier* tier_;
-  PageSealer sealer_;
-  std::string model_id_;
+  detail::PrefixPages pages_;
   ModelShape shape_;
-  std::size_t positions_offset_;  // byte offset of the int32 positions in a block payload
 };
 
 }  // namespace kvpack::offload
