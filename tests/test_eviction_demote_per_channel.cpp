@@ -26,7 +26,6 @@ namespace {
 using namespace kvpack;  // NOLINT: test file
 
 constexpr int D = 64, QH = 4, KH = 2;
-constexpr std::size_t Row = static_cast<std::size_t>(KH) * D, QRow = static_cast<std::size_t>(QH) * D;
 using Hi = Int4<Group<32>>;
 using LowPC = Demote<Keys<Int2<Group<32>>, PerChannel>, Values<Int2<Group<32>>>>;
 using LowPT = Demote<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>>;
@@ -39,42 +38,11 @@ using Cache = KVCache<Keys<Hi>, Values<Hi>, P, Dm, Blocks<16>, Backend<Tag>>;
 template <class Tag>
 using Full = KVCache<Keys<Hi>, Values<Hi>, Blocks<16>, Backend<Tag>>;
 
-// Keys with outlier channels: channel c scaled by 12 when c % 8 == 3 (per-token groups then
-// spend their range on the outliers).
-std::vector<float> outlier_keys(std::size_t n_rows, int seed) {
-  auto k = kvtest::normal(n_rows * Row, seed);
-  for (std::size_t i = 0; i < k.size(); ++i)
-    if ((i % D) % 8 == 3) k[i] *= 12.f;
-  return k;
-}
-
-// Feeds p prompt tokens (attended) and `steps` decode tokens to every cache in `cs`, checking (a)
-// and (b) on the first after each step.
-template <class C, class... Others>
-void feed_checked(C& c, int p, int steps, Others&... others) {
-  auto append = [&](auto& x, std::size_t n, int seed, int first) {
-    ASSERT_TRUE(x.append(0, outlier_keys(n, seed), kvtest::normal(n * Row, seed + 1), kvtest::iota_positions(first, static_cast<int>(n))));
-  };
-  append(c, static_cast<std::size_t>(p), 1, 0);
-  (append(others, static_cast<std::size_t>(p), 1, 0), ...);
-  EXPECT_LE(kvtest::evicting_attend_error(c, 0, kvtest::normal(static_cast<std::size_t>(p) * QRow, 3)), 1e-5);
-  std::vector<float> o(static_cast<std::size_t>(p) * QRow);
-  (void(others.attend(0, kvtest::normal(static_cast<std::size_t>(p) * QRow, 3), o)), ...);
-  for (int s = 0; s < steps; ++s) {
-    append(c, 1, 10 + 2 * s, p + s);
-    (append(others, 1, 10 + 2 * s, p + s), ...);
-    const auto q = kvtest::normal(QRow, 500 + s);
-    EXPECT_LE(kvtest::evicting_attend_error(c, 0, q), 1e-5) << "p " << p << ", step " << s;
-    o.resize(QRow);
-    (void(others.attend(0, q, o)), ...);
-  }
-}
-
 template <class P, class Tag>
 void run(int p) {
   auto c = Cache<P, LowPC, Tag>::create(kShape).value();
   auto full = Full<Tag>::create(kShape).value();
-  feed_checked(c, p, 70, full);
+  kvtest::feed_outlier_checked(c, p, 70, full);
   const std::int64_t n = c.tokens(0);
   for (int h = 0; h < KH; ++h) {
     // (a) every token once.
@@ -125,7 +93,7 @@ TEST(EvictionDemotePerChannel, BeatsPerTokenKeysOnOutlierChannels) {
   auto pc = Cache<SW, LowPC, Auto>::create(kShape).value();
   auto pt = Cache<SW, LowPT, Auto>::create(kShape).value();
   auto full = Full<Auto>::create(kShape).value();
-  feed_checked(pc, 95, 40, pt, full);
+  kvtest::feed_outlier_checked(pc, 95, 40, pt, full);
   double err_pc = 0, err_pt = 0;
   for (int h = 0; h < KH; ++h) {
     const auto a = pc.read_back(0, h).value(), b = pt.read_back(0, h).value(), f = full.read_back(0, h).value();
@@ -145,7 +113,7 @@ TEST(EvictionDemotePerChannel, CapDeletesOldestFirst) {
                          Blocks<16>, Backend<Auto>>;
   auto c = Capped::create(kShape).value();
   auto u = Cache<HH, LowPC, Auto>::create(kShape).value();
-  feed_checked(c, 33, 120, u);
+  kvtest::feed_outlier_checked(c, 33, 120, u);
   for (int h = 0; h < KH; ++h) {
     EXPECT_EQ(c.demoted_tokens(0, h), std::min<std::int64_t>(40, u.demoted_tokens(0, h)));
     // The live low rows are the newest demoted ones of the uncapped twin.

@@ -26,7 +26,6 @@ namespace {
 using namespace kvpack;  // NOLINT: test file
 
 constexpr int D = 64, QH = 4, KH = 2;
-constexpr std::size_t Row = static_cast<std::size_t>(KH) * D, QRow = static_cast<std::size_t>(QH) * D;
 using Hi = Int4<Group<32>>;
 using LowPT = Demote<Keys<Int2<Group<32>>>, Values<Int2<Group<32>>>>;
 using LowPC = Demote<Keys<Int2<Group<32>>, PerChannel>, Values<Int2<Group<32>>>>;
@@ -39,41 +38,11 @@ using Plain = KVCache<Keys<Hi>, Values<Hi>, P, Dm, Blocks<16>, Backend<Tag>>;
 template <class P, class Dm, class Tag>
 using Rot = Rotated<Plain<P, Dm, Tag>>;
 
-// Keys with outlier channels (channel c scaled by 12 when c % 8 == 3), as real keys have.
-std::vector<float> outlier_keys(std::size_t n_rows, int seed) {
-  auto k = kvtest::normal(n_rows * Row, seed);
-  for (std::size_t i = 0; i < k.size(); ++i)
-    if ((i % D) % 8 == 3) k[i] *= 12.f;
-  return k;
-}
-
-// Feeds p prompt tokens (attended) and `steps` decode tokens to `c` and to every cache in
-// `others` (same data), checking (b) on `c` after each.
-template <class C, class... Others>
-void feed_checked(C& c, int p, int steps, Others&... others) {
-  auto append = [&](auto& x, std::size_t n, int seed, int first) {
-    ASSERT_TRUE(x.append(0, outlier_keys(n, seed), kvtest::normal(n * Row, seed + 1), kvtest::iota_positions(first, static_cast<int>(n))));
-  };
-  append(c, static_cast<std::size_t>(p), 1, 0);
-  (append(others, static_cast<std::size_t>(p), 1, 0), ...);
-  EXPECT_LE(kvtest::evicting_attend_error(c, 0, kvtest::normal(static_cast<std::size_t>(p) * QRow, 3)), 1e-5) << "p " << p;
-  std::vector<float> o(static_cast<std::size_t>(p) * QRow);
-  (void(others.attend(0, kvtest::normal(static_cast<std::size_t>(p) * QRow, 3), o)), ...);
-  o.resize(QRow);
-  for (int s = 0; s < steps; ++s) {
-    append(c, 1, 10 + 2 * s, p + s);
-    (append(others, 1, 10 + 2 * s, p + s), ...);
-    const auto q = kvtest::normal(QRow, 500 + s);
-    EXPECT_LE(kvtest::evicting_attend_error(c, 0, q), 1e-5) << "p " << p << ", step " << s;
-    (void(others.attend(0, q, o)), ...);
-  }
-}
-
 // (a) and (b) for one rotated demoting cache.
 template <class P, class Dm, class Tag>
 void run(int p) {
   auto c = Rot<P, Dm, Tag>::create(kShape).value();
-  feed_checked(c, p, 60);
+  kvtest::feed_outlier_checked(c, p, 60);
   const std::int64_t n = c.tokens(0);
   for (int h = 0; h < KH; ++h) {
     EXPECT_GT(c.demoted_tokens(0, h), 0) << "p " << p;
@@ -98,7 +67,7 @@ TEST(EvictionDemoteRotated, SinkWindowPerChannelLowAuto) {
 TEST(EvictionDemoteRotated, SinkWindowDemotesTheSameTokens) {
   auto r = Rot<SW, LowPT, Auto>::create(kShape).value();
   auto u = Plain<SW, LowPT, Auto>::create(kShape).value();
-  feed_checked(r, 95, 30, u);
+  kvtest::feed_outlier_checked(r, 95, 30, u);
   for (int h = 0; h < KH; ++h) {
     ASSERT_GT(u.demoted_tokens(0, h), 0);
     EXPECT_EQ(r.inner().demotion_tier().head(0, h).tokens, u.demotion_tier().head(0, h).tokens) << "head " << h;
@@ -111,7 +80,7 @@ TEST(EvictionDemoteRotated, RotationShrinksTheLowTierKeyError) {
   auto r = Rot<SW, LowPT, Auto>::create(kShape).value();
   auto u = Plain<SW, LowPT, Auto>::create(kShape).value();
   auto full = KVCache<Blocks<16>, Backend<Auto>>::create(kShape).value();
-  feed_checked(r, 95, 40, u, full);
+  kvtest::feed_outlier_checked(r, 95, 40, u, full);
   double err_r = 0, err_u = 0;
   for (int h = 0; h < KH; ++h) {
     const auto a = r.read_back(0, h).value(), b = u.read_back(0, h).value(), f = full.read_back(0, h).value();

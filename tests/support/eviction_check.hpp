@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <set>
 #include <vector>
 
@@ -44,6 +45,43 @@ double evicting_attend_error(Cache& c, int layer, const std::vector<float>& q) {
     worst = std::max(worst, max_rel_error(o, ref, D));
   }
   return worst;
+}
+
+/// Keys for n_rows tokens of `shape` ([n_rows][kv_heads][head_dim], N(0,1), seed) with outlier
+/// channels: channel c scaled by 12 when c % 8 == 3 (per-token groups then spend their range on them).
+inline std::vector<float> outlier_keys(const kvpack::ModelShape& shape, std::size_t n_rows, int seed) {
+  const auto D = static_cast<std::size_t>(shape.head_dim);
+  auto k = normal(n_rows * static_cast<std::size_t>(shape.kv_heads) * D, static_cast<uint32_t>(seed));
+  for (std::size_t i = 0; i < k.size(); ++i)
+    if ((i % D) % 8 == 3) k[i] *= 12.f;
+  return k;
+}
+
+/// Feeds a prompt of p tokens (outlier keys, attended) and `steps` decode tokens to `c` and, with
+/// the same data, to every cache in `others`, checking after each that `c`'s attention equals
+/// float64 attention over the rows it holds within 1e-5 (evicting_attend_error).
+template <class C, class... Others>
+void feed_outlier_checked(C& c, int p, int steps, Others&... others) {
+  const kvpack::ModelShape& S = c.shape();
+  const std::size_t row = static_cast<std::size_t>(S.kv_heads) * static_cast<std::size_t>(S.head_dim);
+  const std::size_t qrow = static_cast<std::size_t>(S.q_heads) * static_cast<std::size_t>(S.head_dim);
+  auto append = [&](auto& x, std::size_t n, int seed, int first) {
+    ASSERT_TRUE(x.append(0, outlier_keys(S, n, seed), normal(n * row, static_cast<uint32_t>(seed + 1)),
+                         iota_positions(first, static_cast<int64_t>(n))));
+  };
+  append(c, static_cast<std::size_t>(p), 1, 0);
+  (append(others, static_cast<std::size_t>(p), 1, 0), ...);
+  EXPECT_LE(evicting_attend_error(c, 0, normal(static_cast<std::size_t>(p) * qrow, 3)), 1e-5) << "p " << p;
+  std::vector<float> o(static_cast<std::size_t>(p) * qrow);
+  (void(others.attend(0, normal(static_cast<std::size_t>(p) * qrow, 3), o)), ...);
+  o.resize(qrow);
+  for (int s = 0; s < steps; ++s) {
+    append(c, 1, 10 + 2 * s, p + s);
+    (append(others, 1, 10 + 2 * s, p + s), ...);
+    const auto q = normal(qrow, static_cast<uint32_t>(500 + s));
+    EXPECT_LE(evicting_attend_error(c, 0, q), 1e-5) << "p " << p << ", step " << s;
+    (void(others.attend(0, q, o)), ...);
+  }
 }
 
 }  // namespace kvtest
