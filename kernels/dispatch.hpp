@@ -86,11 +86,16 @@ inline constexpr std::string_view backend_name = std::is_same_v<Tag, Avx2>   ? "
                                                  : std::is_same_v<Tag, Cuda> ? "cuda"
                                                                              : "scalar";
 
-/// Key group size over which backend Tag quantizes the query to int8 for integer Q·K with key
-/// codec KC (kernels/avx2/int_dot.hpp), or 0 when its scores are fp32 (within 1e-5 of the
-/// scalar kernel). Such a backend's logits differ from the exact ones on the stored keys by at most
-///     scale * Σ_g (max_{d in g} |q_d| / 254) * Σ_{d in g} |k̂_d|
-/// per key (half an int8 step of the query times the key's absolute sum), the tolerance the
+/// Largest error of one element of a query quantized for integer Q·K, as a fraction of the largest
+/// magnitude in its key group: two int8 terms (kernels/avx2/int_dot.hpp) leave half of the step
+/// max|q_g| / (127 * 254), i.e. max|q_g| / 64516.
+inline constexpr double query_int_error = 1.0 / (2.0 * 127.0 * 254.0);
+
+/// Key group size over which backend Tag quantizes the query for integer Q·K with key codec KC
+/// (kernels/avx2/int_dot.hpp), or 0 when its scores are fp32 (within 1e-5 of the scalar kernel).
+/// Such a backend's logits differ from the exact ones on the stored keys by at most
+///     scale * Σ_g (max_{d in g} |q_d| * query_int_error) * Σ_{d in g} |k̂_d|
+/// per key (half a step of the query times the key's absolute sum), the tolerance the
 /// float64-reference tests derive their bound from.
 template <class Tag, class KC, bool KPerChannel>
 inline constexpr int query_int8_group = [] {
@@ -101,10 +106,15 @@ inline constexpr int query_int8_group = [] {
   return 0;
 }();
 
-/// Whether backend Tag accumulates P·V for value codec VC from the codes with 8-bit weights
-/// (kernels/avx2/int_dot.hpp, int_accumulate): per tile of 16 tokens, each weight
-/// w_t = p_t scale_t is off by at most max_tile(w) / 510, so an output channel moves by at most
-///     8 / 510 * Σ_t max_{|t' - t| < 16} p_t' scale_t'
+/// Largest error of a weight p_t * scale_t of integer P·V, as a fraction of the largest weight of
+/// its tile of 16 tokens: two byte terms (kernels/avx2/int_dot.hpp, int_accumulate) leave
+/// half of the step max(w) / (255 * 255).
+inline constexpr double value_int_error = 1.0 / (2.0 * 255.0 * 255.0);
+
+/// Whether backend Tag accumulates P·V for value codec VC from the codes (kernels/avx2/int_dot.hpp,
+/// int_accumulate): per tile of 16 tokens each weight w_t = p_t scale_t is off by at most
+/// max_tile(w) * value_int_error, so an output channel moves by at most
+///     8 * value_int_error * Σ_t max_{|t' - t| < 16} p_t' scale_t'
 /// (8: the largest centered INT4 code |u - 8|; p normalized): the tolerance the float64-reference
 /// tests use.
 template <class Tag, class VC>
@@ -114,6 +124,29 @@ inline constexpr bool value_int_accumulate = [] {
 #endif
   return false;
 }();
+
+/// What the attention kernel of a cache does, for callers that check its outputs (tests, the C
+/// ABI's kvpack_pool_kernel): the backend it runs, the key group of its quantized query (0: fp32
+/// scores; error per query element max|q_g| * query_error) and the value group of integer P·V
+/// (0: values dequantized to fp32; error per weight max_tile(w) * value_error).
+struct KernelInfo {
+  std::string_view backend;
+  int query_group = 0;
+  double query_error = 0.0;
+  int value_group = 0;
+  double value_error = 0.0;  ///< a weight's error over its tile's largest weight (value_int_error)
+};
+
+/// KernelInfo of backend Tag with key codec KC (per-channel when KPerChannel) and value codec VC.
+template <class Tag, class KC, class VC, bool KPerChannel>
+[[nodiscard]] constexpr KernelInfo kernel_info() noexcept {
+  KernelInfo k;
+  k.backend = backend_name<resolved_backend_t<Tag>>;
+  k.query_group = query_int8_group<Tag, KC, KPerChannel>;
+  k.query_error = k.query_group > 0 ? query_int_error : 0.0;
+  if constexpr (value_int_accumulate<Tag, VC>) k.value_group = VC::group_size, k.value_error = value_int_error;
+  return k;
+}
 
 /// Fused dequant-attention for one KV head and its query group on backend Tag (see above);
 /// contract of attend_scalar (kernels/scalar/attention.hpp).

@@ -18,8 +18,9 @@
 // Numerics: fp32 everywhere; sums run in a different order than the scalar kernel, and exp is a
 // polynomial (<= 2 ulp), so outputs agree with the scalar kernel to ~1e-6 relative (the contract
 // is 1e-5, tests/test_backend_kernels.cpp). Exception: an Isa may score per-token integer keys
-// from their codes (Isa::int_dot_key: query quantized to int8) and accumulate INT4 values from
-// their codes (Isa::int_dot_value: 7-bit weights); their error bounds are in kernels/dispatch.hpp. Dequantized values are bit-identical to the scalar
+// from their codes (Isa::int_dot_key: query quantized in two int8 terms) and accumulate INT4
+// values from their codes (Isa::int_dot_value: weights in two byte terms); their error bounds are
+// in kernels/dispatch.hpp (query_int_error, value_int_error). Dequantized values are bit-identical to the scalar
 // decode (zero + scale * q with one multiply and one add, no FMA contraction).
 #pragma once
 
@@ -69,14 +70,17 @@ inline void static_for(F&& f) {
       std::make_integer_sequence<int, N>{});
 }
 
-/// The int8-quantized queries of one attend call (Isa::int_dot_key codecs, e.g.
-/// kernels/avx2/int_dot.hpp): per state, D int8 values (in code order) and per
-/// key group σ, Σ qi (times the code offset) and Σ q.
+/// The quantized queries of one attend call (Isa::int_dot_key codecs, e.g.
+/// kernels/avx2/int_dot.hpp), in code order: per state and key group, two int8 terms
+/// q ≈ σ (254 qi + qr) (qi the int8 query, qr its rounding residual on a 254x finer step), so the
+/// integer Q·K is as exact as a 16-bit query while the dot products stay u8 x s8; per group σ,
+/// the code offset times (254 Σ qi + Σ qr) (int32, exact) and Σ q.
 struct QueryInt8 {
-  std::int8_t* qi = nullptr;   // [n_states][D]
-  float* sigma = nullptr;      // [n_states][groups]
-  float* offset_sum = nullptr; // [n_states][groups]: o * Σ qi (exact in fp32: |.| < 2^24)
-  float* q_sum = nullptr;      // [n_states][groups]
+  std::int8_t* qi = nullptr;          // [n_states][D]
+  std::int8_t* qr = nullptr;          // [n_states][D]
+  float* sigma = nullptr;             // [n_states][groups]: the step of 254 qi + qr
+  std::int32_t* offset_sum = nullptr; // [n_states][groups]: o * (254 Σ qi + Σ qr)
+  float* q_sum = nullptr;             // [n_states][groups]
   int groups = 0;
 };
 
@@ -168,12 +172,14 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
   if constexpr (kIntKeys) {
     qq.groups = D / KC::group_size;
     const auto ns = static_cast<std::size_t>(n_states), ng = static_cast<std::size_t>(qq.groups);
-    if (s.q_int8.size() < ns * Dz) s.q_int8.resize(ns * Dz);
-    if (s.q_params.size() < 3 * ns * ng + 2 * T * ng) s.q_params.resize(3 * ns * ng + 2 * T * ng);
+    if (s.q_int8.size() < 2 * ns * Dz) s.q_int8.resize(2 * ns * Dz);
+    if (s.q_offsets.size() < ns * ng) s.q_offsets.resize(ns * ng);
+    if (s.q_params.size() < 2 * ns * ng + 2 * T * ng) s.q_params.resize(2 * ns * ng + 2 * T * ng);
     qq.qi = s.q_int8.data();
+    qq.qr = qq.qi + ns * Dz;
     qq.sigma = s.q_params.data();
-    qq.offset_sum = qq.sigma + ns * ng;
-    qq.q_sum = qq.offset_sum + ns * ng;
+    qq.offset_sum = s.q_offsets.data();
+    qq.q_sum = qq.sigma + ns * ng;
     key_meta = qq.q_sum + ns * ng;
     if (!seg.blocks.empty())
       for (int st = 0; st < n_states; ++st) Isa::template quantize_query<KC>(q_of(st), D, st, qq);

@@ -7,6 +7,9 @@
 //    within 1e-5 relative, for prefill chunks and decode steps, several codecs and GQA shapes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -49,6 +52,71 @@ TEST(ActiveBackend, IsTheOneThisBuildIsFor) {
   EXPECT_EQ(active_backend_name<ScalarCache>(), "scalar");
 }
 
+/// Largest |oa - ob| over the allowed difference of an integer Q·K / P·V kernel
+/// (kernels::KernelInfo) from the scalar one, per output row: 1e-5 relative, plus for a quantized
+/// query (e^{2e} - 1) * max_t |v_t - ob| with e = scale * max_t Σ_g max|q_g| * query_error *
+/// Σ_{d in g} |k_td|, plus for integer P·V kvtest::int4_value_error_bound of the row's softmax
+/// weights, over the K/V the scalar cache stores (read_back) for the last n_q queries' tokens.
+template <class Cache>
+double query_bound_error(const Cache& c, const std::vector<float>& q, const std::vector<float>& oa,
+                         const std::vector<float>& ob, const ModelShape& s, int n_q, const kernels::KernelInfo& k) {
+  const int D = s.head_dim, G = k.query_group, group = s.q_heads / s.kv_heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const std::int64_t n = c.tokens(0);
+  double worst = 0;
+  for (int h = 0; h < s.kv_heads; ++h) {
+    auto kv = c.read_back(0, h);
+    if (!kv) return INFINITY;
+    for (int i = 0; i < n_q; ++i)
+      for (int j = 0; j < group; ++j) {
+        const std::size_t row = (static_cast<std::size_t>(i) * s.q_heads + static_cast<std::size_t>(h * group + j)) * D;
+        const std::int64_t visible = n - n_q + i + 1;
+        double e = 0, spread = 0, err = 0, mag = 1e-6;
+        std::vector<double> logit, p, sc;
+        for (std::int64_t t = 0; t < visible; ++t) {
+          double et = 0, dot = 0;
+          for (int d = 0; d < D; ++d) dot += static_cast<double>(q[row + d]) * kv->k[static_cast<std::size_t>(t) * D + d];
+          logit.push_back(dot * scale);
+          using VC = typename Cache::value_codec;
+          if constexpr (kvpack::kernels::simd::IntCodecFamily<VC>) if (k.value_group > 0) {
+            double smax = 0;
+            for (int g = 0; g < D / VC::group_size; ++g) {
+              double x[VC::group_size];
+              for (int d = 0; d < VC::group_size; ++d) x[d] = kv->v[static_cast<std::size_t>(t) * D + g * VC::group_size + d];
+              smax = std::max(smax, kvtest::int4_group_scale(x, VC::group_size, VC::asymmetric));
+            }
+            sc.push_back(smax);
+          }
+          for (int g = 0; G > 0 && g < D / G; ++g) {
+            double qmax = 0, ksum = 0;
+            for (int d = g * G; d < (g + 1) * G; ++d) {
+              qmax = std::max(qmax, std::abs(static_cast<double>(q[row + d])));
+              ksum += std::abs(static_cast<double>(kv->k[static_cast<std::size_t>(t) * D + d]));
+            }
+            et += qmax * k.query_error * ksum;
+          }
+          e = std::max(e, et * scale);
+          for (int d = 0; d < D; ++d)
+            spread = std::max(spread, std::abs(kv->v[static_cast<std::size_t>(t) * D + d] - static_cast<double>(ob[row + d])));
+        }
+        for (int d = 0; d < D; ++d) {
+          err = std::max(err, std::abs(static_cast<double>(oa[row + d]) - ob[row + d]));
+          mag = std::max(mag, std::abs(static_cast<double>(ob[row + d])));
+        }
+        double value_bound = 0;
+        if (!sc.empty()) {  // every row counted as read from INT4 blocks: an upper bound
+          const double mx = *std::max_element(logit.begin(), logit.end());
+          double l = 0;
+          for (double x : logit) l += std::exp(x - mx);
+          for (double x : logit) p.push_back(std::exp(x - mx) / l);
+          value_bound = kvtest::int4_value_error_bound(p, sc);
+        }
+        worst = std::max(worst, err / (1e-5 * mag + (std::exp(2 * e) - 1) * spread + value_bound));
+      }
+  }
+  return worst;
+}
+
 template <class Pair>
 class CacheAutoVsScalar : public ::testing::Test {};
 
@@ -82,8 +150,15 @@ TYPED_TEST(CacheAutoVsScalar, SameAnswersOnEveryStep) {
       std::vector<float> oa(q.size()), ob(q.size());
       ASSERT_TRUE(a->attend(0, q, oa));
       ASSERT_TRUE(b->attend(0, q, ob));
-      EXPECT_LE(kvtest::max_rel_error(oa, std::vector<double>(ob.begin(), ob.end()), D), 1e-5)
-          << "D=" << D << " chunk " << n << " tokens " << a->tokens(0);
+      constexpr kernels::KernelInfo kernel = TypeParam::simd::codec_hook::kernel;
+      if constexpr (kernel.query_group == 0 && kernel.value_group == 0) {
+        EXPECT_LE(kvtest::max_rel_error(oa, std::vector<double>(ob.begin(), ob.end()), D), 1e-5)
+            << "D=" << D << " chunk " << n << " tokens " << a->tokens(0);
+      } else {
+        // Integer Q·K / P·V: within 1e-5 plus what the quantized query and weights allow.
+        const double err = query_bound_error(*b, q, oa, ob, shape, n, kernel);
+        EXPECT_LE(err, 1.0) << "D=" << D << " chunk " << n << " tokens " << a->tokens(0);
+      }
     }
   }
 }

@@ -1,13 +1,14 @@
 // AVX2 (+FMA, F16C) fused dequant-attention kernel: attend_avx2, same signature and semantics as
 // kernels::attend_scalar (kernels/scalar/attention.hpp).
 //
-// Structure (kernels/simd_common.hpp): tiles of 16 keys. Per-token INT8/INT4 keys (groups of 32k)
-// are scored from their codes with integer dot products against the query quantized to int8 once
-// per call (kernels/avx2/int_dot.hpp: vpdpbusd where the unit has AVX-VNNI / AVX-512 VNNI, else
-// vpmaddubsw); INT4 values are accumulated from their codes with 7-bit weights, two tokens per
-// vpmaddubsw (int_accumulate), decoded once per GQA group. Their error is bounded and documented
-// (kernels::query_int8_group, kernels::value_int_accumulate in dispatch.hpp); llama.cpp's q8_0
-// vec_dot makes the same query quantization. Other codecs are dequantized once into an
+// Structure (kernels/simd_common.hpp): tiles of 16 keys. Opt-in (kernels/avx2/int_dot.hpp):
+// with KVPACK_AVX2_INTEGER_QK=1 per-token INT8/INT4 keys (groups of 32k) are scored from their
+// codes with integer dot products against the query quantized once per call in two int8 terms
+// (vpdpbusd where the unit has AVX-VNNI / AVX-512 VNNI, else vpmaddubsw; llama.cpp's q8_0 vec_dot
+// uses the first term alone); with KVPACK_AVX2_INTEGER_PV=1 INT4 values are accumulated from
+// their codes with two-byte weights, two tokens per vpmaddubsw (int_accumulate). Their error is
+// bounded and documented (kernels::query_int_error, kernels::value_int_error in dispatch.hpp).
+// By default, and for every other codec, keys and values are dequantized once into an
 // L1-resident fp32 tile (kernels/avx2/codes.hpp) and scored in register blocks of up to 4 query
 // states x 2 keys; V is accumulated for up to 4 states x 16 dims per pass. Those paths agree with
 // the scalar kernel to 1e-5 relative. head_dim 64/128/256 are compiled separately (fully known

@@ -91,7 +91,8 @@ struct Scratch {
   std::int64_t n_ordinals = 0;
   std::vector<GroupParams> channel_params;  // per-channel key metadata of one token group
   std::vector<float> block_scores;           // keyframe kernel: [n_states][BlockTokens] probabilities
-  std::vector<std::int8_t> q_int8;           // SIMD integer Q·K: quantized queries [n_states][D]
+  std::vector<std::int8_t> q_int8;           // SIMD integer Q·K: quantized queries [2][n_states][D]
+  std::vector<std::int32_t> q_offsets;       // ... their code-offset sums [n_states][groups]
   std::vector<float> q_params;               // ... and their per-group parameters, key tile metadata
   void ensure(int n_states, int head_dim, int tile) {
     const auto ns = static_cast<std::size_t>(n_states);

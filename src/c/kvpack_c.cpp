@@ -361,4 +361,15 @@ kvpack_status kvpack_pool_stats_get(const kvpack_pool* pool, kvpack_pool_stats* 
   });
 }
 
+kvpack_status kvpack_pool_kernel(const kvpack_pool* pool, kvpack_kernel_info* out) {
+  return guard("kvpack_pool_kernel", [&] {
+    if (kvpack_status s = check_pool(pool, "kvpack_pool_kernel"); s != KVPACK_OK) return s;
+    if (out == nullptr) return invalid("kvpack_pool_kernel: out is NULL");
+    const kvpack::kernels::KernelInfo k = pool->pool->kernel();
+    // backend_name's views point at string literals: NUL-terminated, static storage.
+    *out = kvpack_kernel_info{k.backend.data(), k.query_group, k.query_error, k.value_group, k.value_error};
+    return KVPACK_OK;
+  });
+}
+
 }  // extern "C"

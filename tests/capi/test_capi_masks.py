@@ -6,7 +6,8 @@ Usage: test_capi_masks.py PATH/TO/libkvpack_c.so
 Batched decode of sequences of 1, 31, 33 and 70 tokens (GQA 4/2) with ragged additive masks
 (flat float32 values + int64 indptr of n_seqs + 1 entries) against the float64 reference of
 test_capi.py (the codec's documented round trip, the decode token exact) with the bias added to
-the scaled scores q.k * scale, at its tolerance 1e-5 * (1 + max|V|): random masks with -inf
+the scaled scores q.k * scale, at its tolerance 1e-5 * (1 + max|V|) plus the bounds of a quantized
+query and integer P.V where kvpack_pool_kernel reports them: random masks with -inf
 entries and ALiBi-like linear ones, serially and on 2 threads (bit-identical); the unmasked
 reference is more than 10 tolerances away (the mask is seen). A zero mask equals
 kvpack_attend_batch bit for bit. Bad masks (NaN, +inf, a wrong length, all -inf, NULL) return
@@ -24,6 +25,7 @@ except ImportError:
     sys.exit(1 if os.environ.get("CI") else 77)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernel_bounds import query_error_bound, value_error_bound  # noqa: E402
 from test_capi import (CODECS, INVALID, NON_FINITE, OK, POLICIES, SHAPE, Pool, Seq, check, failures, fptr,  # noqa: E402
                        load, rand, roundtrip)
 
@@ -35,6 +37,8 @@ def test_masked_batch(lib, rng, policy):
     L, QH, KH, D, _ = SHAPE
     kc, vc = (CODECS[c] for c in POLICIES[policy])
     pool = Pool(lib, policy, SHAPE)
+    st, kinfo = pool.kernel()
+    check(st == OK, f"{policy}: pool_kernel")
     lens, seqs, KV = (1, 31, 33, 70), [], []
     for n in lens:
         _, s = pool.seq()
@@ -82,7 +86,11 @@ def test_masked_batch(lib, rng, policy):
             check(np.array_equal(call(flat, workspaces=wsa, W=2, layer=layer)[1], out), f"{policy} masked {name}: threads differ")
             for i, n in enumerate(lens):
                 want = ref(i, layer, masks[i].astype(np.float32).astype(np.float64))
-                tol = 1e-5 * (1.0 + np.abs(KV[i][layer][1]).max())
+                K, V = KV[i][layer]  # a quantized query (kvpack_pool_kernel) may add its bound
+                tol = 1e-5 * (1.0 + np.abs(V).max()) + query_error_bound(
+                    K, V, q[i:i + 1], n - 1, QH, KH, want[None], kinfo.query_group, kinfo.query_error) + \
+                    value_error_bound(K, V, q[i:i + 1], n - 1, QH, KH, kinfo.value_group, kinfo.value_error,
+                                      len(vc) > 3 and bool(vc[3]))
                 err = np.abs(out[i] - want).max()
                 worst = max(worst, err / tol)
                 check(err <= tol, f"{policy} masked {name} length {n} layer {layer}: |out - ref64| = {err:.3g} > {tol:.3g}")

@@ -70,7 +70,7 @@ class Harness {
 
   /// Attends the last n_q tokens with q and returns the max relative error against ref64 over the
   /// cache's own dequantized past and the exact current chunk. On a backend with integer Q·K
-  /// (query_group > 0) the error first loses the bound its int8 query allows (query_error_bound):
+  /// (query_group > 0) the error first loses the bound its quantized query allows (query_error_bound):
   /// what is returned is the kernel's error beyond that documented tolerance.
   double attend_error(int layer, const std::vector<float>& q) {
     std::vector<float> out(q.size());
@@ -97,9 +97,9 @@ class Harness {
     return max_rel_error(out, ref, shape_.head_dim);
   }
 
-  /// Output error an int8 query (groups of query_group channels, half a step max|q_g| / 254 per
+  /// Output error a quantized query (groups of query_group channels, half a step, max|q_g| * kernels::query_int_error, per
   /// element) allows for output row r = (query i, head h): every logit moves by at most
-  ///   e = scale * max_t Σ_g max_{d in g}|q_d| / 254 * Σ_{d in g} |k_td|,
+  ///   e = scale * max_t Σ_g max_{d in g}|q_d| * query_int_error * Σ_{d in g} |k_td|,
   /// so each probability by a factor within e^{±2e}, ||Δp||_1 <= e^{2e} - 1, and each output channel
   /// by at most (e^{2e} - 1) * max_t |v_td - o_d|.
   double query_error_bound(const std::vector<double>& K, const std::vector<double>& V, const std::vector<float>& q,
@@ -119,7 +119,7 @@ class Harness {
           qmax = std::max(qmax, std::abs(static_cast<double>(qr[d])));
           ksum += std::abs(k[d]);
         }
-        et += qmax / 254.0 * ksum;
+        et += qmax * kvpack::kernels::query_int_error * ksum;
       }
       e = std::max(e, et * scale);
       for (int d = 0; d < D; ++d)

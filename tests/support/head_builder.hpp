@@ -153,8 +153,8 @@ class HeadData {
     return out;
   }
 
-  /// Largest logit error an int8 query in groups of G channels allows over all keys and query
-  /// rows: scale * Σ_g max_{d in g}|q_d| / 254 * Σ_{d in g} |k_d| (kernels::query_int8_group).
+  /// Largest logit error a quantized query (two int8 terms) in groups of G channels allows over all keys and query
+  /// rows: scale * Σ_g max_{d in g}|q_d| * query_int_error * Σ_{d in g} |k_d| (kernels::query_int8_group).
   double query_logit_error(const std::vector<float>& q, int rows, double scale, int G) const {
     double e = 0;
     for (int r = 0; r < rows; ++r) {
@@ -167,7 +167,7 @@ class HeadData {
             qmax = std::max(qmax, std::abs(static_cast<double>(qv[d])));
             ksum += std::abs(k.k[static_cast<std::size_t>(d)]);
           }
-          et += qmax / 254.0 * ksum;
+          et += qmax * kvpack::kernels::query_int_error * ksum;
         }
         e = std::max(e, et * scale);
       }

@@ -15,7 +15,7 @@
 namespace kvtest {
 
 /// What a backend may do differently from fp32 scores and values: query_group > 0 scores keys
-/// read from quantized pages with an int8 query of that group size; value_group > 0 accumulates
+/// read from quantized pages with a quantized query (kernels::query_int_error) of that group size; value_group > 0 accumulates
 /// values read from INT4 pages from their codes (groups of value_group channels, asymmetric or not).
 struct IntPaths {
   int query_group = 0;
@@ -62,7 +62,7 @@ inline MaskedRef masked_decode_ref64(const std::vector<std::vector<float>>& K, c
     }
     for (int d = 0; d < D; ++d) o[d] /= l;
     for (auto& x : p) x /= l;
-    // int8 query (cache_harness.hpp query_error_bound): every logit of a key read from a page moves
+    // quantized query (cache_harness.hpp query_error_bound): every logit of a key read from a page moves
     // by at most e; the output by (e^{2e} - 1) * the spread of the keys that count.
     double e = 0, spread = 0;
     for (std::int64_t t = 0; t < n; ++t) {
@@ -75,7 +75,7 @@ inline MaskedRef masked_decode_ref64(const std::vector<std::vector<float>>& K, c
             qmax = std::max(qmax, std::abs(static_cast<double>(qr[d])));
             ksum += std::abs(static_cast<double>(k[static_cast<std::size_t>(t * D + d)]));
           }
-          et += qmax / 254.0 * ksum;
+          et += qmax * kvpack::kernels::query_int_error * ksum;
         }
         e = std::max(e, et * scale);
       }

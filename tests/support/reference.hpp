@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "kvpack/kernels/dispatch.hpp"
+
 namespace kvtest {
 
 /// Softmax attention in float64. K, V: [n_keys][kv_heads][D]; Q: [n_q][q_heads][D] for queries at
@@ -134,7 +136,7 @@ inline double int4_value_error_bound(const std::vector<double>& p, const std::ve
       w = std::max(w, p[static_cast<size_t>(u)] * s[static_cast<size_t>(u)]);
     sum += w;
   }
-  return 1.05 * 8.0 / 510.0 * sum;  // 5 %: the kernel's own probabilities differ from the exact ones
+  return 1.05 * 8.0 * kvpack::kernels::value_int_error * sum;  // 5 %: the kernel's own probabilities differ from the exact ones
 }
 
 }  // namespace kvtest

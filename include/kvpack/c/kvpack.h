@@ -112,6 +112,22 @@ typedef struct kvpack_pool_stats {
   double value_bits_per_value;
 } kvpack_pool_stats;
 
+/** What a pool's attention kernel does (kvpack_pool_kernel), for callers that check its outputs
+ *  against their own reference. backend: "avx2", "neon" or "scalar" (constant string). When
+ *  query_group > 0 the query is quantized per group of query_group channels for integer Q.K and
+ *  each query element may be off by max|q_group| * query_error (a logit by scale * the sum over
+ *  groups of max|q_g| * query_error * sum|k_g|); 0: fp32 scores. value_group > 0: INT4 values are
+ *  accumulated from their codes in groups of value_group channels, each weight p_t * scale_t off
+ *  by at most value_error times the largest weight of its tile of 16 tokens (an output channel by
+ *  8 * value_error * the sum over tokens of that largest weight); 0: values dequantized to fp32. */
+typedef struct kvpack_kernel_info {
+  const char* backend;
+  int32_t query_group;
+  double query_error;
+  int32_t value_group;
+  double value_error;
+} kvpack_kernel_info;
+
 /** KVPACK_C_ABI_VERSION of the loaded library (check it against the header's). */
 KVPACK_C_API int32_t kvpack_abi_version(void);
 
@@ -226,6 +242,9 @@ KVPACK_C_API kvpack_status kvpack_attend_batch_masked(const kvpack_pool* pool, i
 
 /** A snapshot of the pool's pages and bytes in *out. Errors: bad pool or NULL out. */
 KVPACK_C_API kvpack_status kvpack_pool_stats_get(const kvpack_pool* pool, kvpack_pool_stats* out);
+
+/** The pool's attention kernel in *out (kvpack_kernel_info). Errors: bad pool or NULL out. */
+KVPACK_C_API kvpack_status kvpack_pool_kernel(const kvpack_pool* pool, kvpack_kernel_info* out);
 
 #ifdef __cplusplus
 }

@@ -39,6 +39,9 @@ struct CodecHook {
   /// Whether blocks hold whole intervals read by the interval kernel (no masks, no key mass).
   static constexpr bool interval_blocks = K::interval_kernel || V::interval_kernel;
 
+  /// What the attention kernel does (kernels::KernelInfo: backend, quantized query, integer P·V).
+  static constexpr kernels::KernelInfo kernel = kernels::kernel_info<BackendTag, KC, VC, KPerChannel>();
+
   /// The pair's stored codec identity (codec/format_id.hpp), told to the offload layer.
   [[nodiscard]] static constexpr std::uint32_t format_id() noexcept { return codec_format_id<KC, VC>(); }
 

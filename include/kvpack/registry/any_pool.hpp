@@ -38,6 +38,8 @@ class AnyPool {
   [[nodiscard]] virtual double value_bits_per_value() const noexcept = 0;
   /// Tokens per page (Blocks<B>), fp32 sink tokens and residual window of the policy.
   [[nodiscard]] virtual int block_tokens() const noexcept = 0;
+  /// What the attention kernel does (backend, quantized query, integer P·V): kernels::KernelInfo.
+  [[nodiscard]] virtual kernels::KernelInfo kernel() const noexcept = 0;
 
   [[nodiscard]] virtual Result<SeqId> create_sequence() = 0;
   [[nodiscard]] virtual Result<SeqId> fork(SeqId parent) = 0;
@@ -87,6 +89,7 @@ class PoolAdapter final : public AnyPool {
   [[nodiscard]] double key_bits_per_value() const noexcept override { return Pool::key_bits_per_value; }
   [[nodiscard]] double value_bits_per_value() const noexcept override { return Pool::value_bits_per_value; }
   [[nodiscard]] int block_tokens() const noexcept override { return Pool::block_tokens; }
+  [[nodiscard]] kernels::KernelInfo kernel() const noexcept override { return Pool::codec_hook::kernel; }
 
   [[nodiscard]] Result<SeqId> create_sequence() override { return pool_.create_sequence(); }
   [[nodiscard]] Result<SeqId> fork(SeqId parent) override { return pool_.fork(parent); }
