@@ -1,9 +1,11 @@
 // PagedCache basics: a pool sequence equals a KVCache of the same policies bit for bit (page
 // bytes, attention output) and, through it, the float64 reference at odd lengths (1, 31, 33, 95);
-// handles (freed, stale, too many); pool exhaustion (clear error, nothing changed); memory.
+// handles (freed, stale, too many); pool exhaustion (clear error, nothing changed); memory and
+// page layout (line-aligned, ascending per KV head).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "support/pool_twin.hpp"
@@ -202,6 +204,27 @@ TEST(PoolMemory, BytesPerTokenMatchAnalyticAt32k) {
   EXPECT_EQ(s.sequences.size(), 1u);
   EXPECT_EQ(s.sequences[0].tokens, 32768);
   EXPECT_EQ(pool.memory_bytes(), s.pages_total * s.page_bytes + s.overhead_bytes + s.exact_bytes);
+}
+
+// Page layout, which decode speed depends on (not outputs): every page starts on a 64-byte line
+// (calloc alone gives 16 for an arena this large), and the pages one append gives a KV head
+// follow each other upward in the arena, so attention reads them as one ascending stream.
+TEST(PoolMemory, PagesAreLineAlignedAndAscendPerHead) {
+  using Pool = PagedCache<Keys<Int4<>>, Values<Int4<>>, Blocks<64>>;
+  auto pool = Pool::create({.shape = kShape, .byte_budget = std::size_t{16} << 20, .max_sequences = 1}).value();
+  auto id = pool.create_sequence().value();
+  const auto chunk = kvtest::normal(512 * 2 * 64, 3);
+  ASSERT_TRUE(pool.append(id, 0, chunk, chunk, kvtest::iota_positions(0, 512)));
+  for (int h = 0; h < kShape.kv_heads; ++h) {
+    const std::vector<PageView> pages = pool.pages(id, 0, h).value();
+    ASSERT_EQ(pages.size(), 8u);
+    for (std::size_t i = 0; i < pages.size(); ++i) {
+      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(pages[i].data) % 64, 0u) << "head " << h << " page " << i;
+      if (i > 0) {
+        EXPECT_EQ(pages[i].page, pages[i - 1].page + 1) << "head " << h << " page " << i;
+      }
+    }
+  }
 }
 
 }  // namespace pool_basic_test

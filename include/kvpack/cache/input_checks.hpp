@@ -34,18 +34,22 @@ namespace kvpack::cache_detail {
 /// n_q within the latest append (chunk_tokens), finite values.
 [[nodiscard]] inline Status check_queries(const ModelShape& shape, int layer, std::int64_t chunk_tokens,
                                           std::span<const float> q, std::span<const float> out, std::int64_t seq) {
-  const std::string who = seq >= 0 ? "attend_batch: sequence " + std::to_string(seq) + " of the batch" : "attend";
+  // The message prefix is built only on an error: a batched decode checks every sequence, and a
+  // std::string of this length is a heap allocation each time.
+  auto who = [seq] {
+    return seq >= 0 ? "attend_batch: sequence " + std::to_string(seq) + " of the batch" : std::string("attend");
+  };
   const std::size_t D = static_cast<std::size_t>(shape.head_dim), qrow = static_cast<std::size_t>(shape.q_heads) * D;
   if (q.empty() || q.size() % qrow != 0 || out.size() != q.size())
-    return fail(Errc::invalid_argument, who + ": q has " + std::to_string(q.size()) + " floats and out " +
+    return fail(Errc::invalid_argument, who() + ": q has " + std::to_string(q.size()) + " floats and out " +
                                             std::to_string(out.size()) + "; both must be n_q * q_heads * head_dim with n_q >= 1");
   const auto n_q = static_cast<std::int64_t>(q.size() / qrow);
   if (n_q > chunk_tokens)
-    return fail(Errc::invalid_argument, who + ": layer " + std::to_string(layer) + ": " + std::to_string(n_q) +
+    return fail(Errc::invalid_argument, who() + ": layer " + std::to_string(layer) + ": " + std::to_string(n_q) +
                                             " queries but the latest append held " + std::to_string(chunk_tokens) + " tokens");
   for (std::size_t i = 0; i < q.size(); ++i)
     if (!std::isfinite(q[i]))
-      return fail(Errc::non_finite, who + ": non-finite q value " + std::to_string(q[i]) + " at layer " + std::to_string(layer) +
+      return fail(Errc::non_finite, who() + ": non-finite q value " + std::to_string(q[i]) + " at layer " + std::to_string(layer) +
                                         ", query " + std::to_string(i / qrow) + ", q head " + std::to_string((i % qrow) / D) +
                                         ", channel " + std::to_string(i % D));
   return {};

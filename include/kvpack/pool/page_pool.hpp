@@ -53,10 +53,15 @@ class PagePool {
     p->stride_ = stride;
     p->payload_ = payload_bytes;
     p->pages_ = n;
-    p->arena_.reset(static_cast<std::byte*>(std::calloc(n, stride)));
-    if (!p->arena_)
+    // calloc keeps untouched pages free and zero, but aligns only to 16 bytes (glibc serves a
+    // large block from mmap at page start + 16): one line more, and pages start on a 64-byte
+    // boundary, so every page's code rows sit on cache lines as a stride of 64 intends.
+    p->raw_.reset(static_cast<std::byte*>(std::calloc(n * stride + 64, 1)));
+    if (!p->raw_)
       return fail(Errc::capacity_exceeded, "PagedCache::create: cannot allocate the " + std::to_string(n * stride) +
                                                "-byte page arena");
+    const auto mis = reinterpret_cast<std::uintptr_t>(p->raw_.get()) % 64;
+    p->arena_ = p->raw_.get() + (mis ? 64 - mis : 0);
     p->refs_ = std::make_unique<std::atomic<std::uint32_t>[]>(n);
     p->headers_ = std::make_unique<BlockHeader[]>(n);
     p->free_.resize(n);
@@ -124,9 +129,9 @@ class PagePool {
   /// References to page p now. A holder seeing 1 is the only holder and may write the page.
   [[nodiscard]] std::uint32_t refs(std::uint32_t p) const noexcept { return refs_[p].load(std::memory_order_acquire); }
 
-  [[nodiscard]] std::byte* data(std::uint32_t p) noexcept { return arena_.get() + static_cast<std::size_t>(p) * stride_; }
+  [[nodiscard]] std::byte* data(std::uint32_t p) noexcept { return arena_ + static_cast<std::size_t>(p) * stride_; }
   [[nodiscard]] const std::byte* data(std::uint32_t p) const noexcept {
-    return arena_.get() + static_cast<std::size_t>(p) * stride_;
+    return arena_ + static_cast<std::size_t>(p) * stride_;
   }
   [[nodiscard]] BlockHeader& header(std::uint32_t p) noexcept { return headers_[p]; }
   [[nodiscard]] const BlockHeader& header(std::uint32_t p) const noexcept { return headers_[p]; }
@@ -144,7 +149,8 @@ class PagePool {
   PagePool() = default;
 
   std::size_t stride_ = 0, payload_ = 0, pages_ = 0;
-  std::unique_ptr<std::byte[], FreeDeleter> arena_;
+  std::unique_ptr<std::byte[], FreeDeleter> raw_;  // the allocation (64 bytes beyond the pages)
+  std::byte* arena_ = nullptr;                     // page 0: raw_ rounded up to 64 bytes
   std::unique_ptr<std::atomic<std::uint32_t>[]> refs_;
   std::unique_ptr<BlockHeader[]> headers_;
   BlockHeader proto_;

@@ -174,6 +174,7 @@ class PagedCache {
     const std::size_t need = pool_detail::pages_for_append(L, *S.pool, static_cast<std::int64_t>(positions.size()),
                                                           sink_tokens, residual_tokens, commit_unit, block_tokens);
     if (Status t = st_->pool->take(need, spare, "append"); !t) return t;
+    std::reverse(spare.begin(), spare.end());  // commit pops from the back: each head's new pages ascend in memory
     pool_detail::push(L, k, v, positions, row_floats(), sink_tokens, S.hist_cap);
     pool_detail::commit<codec_hook>(L, *st_->pool, S.layout, shape().kv_heads, residual_tokens, spare);
     for (const std::uint32_t p : spare) st_->pool->release(p);  // none left when the count was right
