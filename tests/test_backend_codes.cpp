@@ -3,6 +3,8 @@
 //  * the unpacker/dequantizer on all 256 byte values of every 8-bit-or-less codec (INT8, INT4,
 //    INT3 and INT2, symmetric and asymmetric; FP8 E4M3FN and E5M2 including their NaN/Inf codes), on all
 //    65536 fp16 codes, with fp16 and fp32 metadata, per-token rows and per-channel groups;
+//  * per-token rows of random codes with different metadata in every group, and per-channel rows
+//    of odd lengths (the wide decoders' tails);
 //  * the quantizer (CASES C4): 4096 values of the form (k + 0.5) * scale + zero, ties broken to
 //    even, clamped at both ends, and random rows (outliers, constant groups) through encode_row:
 //    codes and metadata bytes equal encode_row's.
@@ -80,6 +82,38 @@ TYPED_TEST(AllBytes, UnpackerAgreesWithScalarOnEveryByte) {
   }
 }
 
+template <class C>
+class RandomRows : public ::testing::Test {};
+using RowCodecs = ::testing::Types<Int8<Symmetric>, Int8<Asymmetric, MetaF32, Group<64>>, Int8<Symmetric, Group<8>>,
+                                   Int4<Asymmetric>, Int4<Symmetric, Group<64>>, Int4<Asymmetric, MetaF32, Group<16>>,
+                                   Fp8E4M3<>, Fp8E4M3<MetaF32, Group<16>>, Fp8E4M3<Group<8>>, Fp8E5M2<Group<128>>,
+                                   Int3<Asymmetric>, Int2<Symmetric, Group<64>>>;
+TYPED_TEST_SUITE(RandomRows, RowCodecs);
+
+// Per-token rows of random code bytes (FP8 NaN codes included) whose groups each carry their own
+// scale and zero-point, at several row lengths: the wide decoders (32 INT4 or 16 FP8 codes per
+// load) must keep element order and pick each group's parameters.
+TYPED_TEST(RandomRows, DecodeRowMatchesScalar) {
+  KVTEST_REQUIRE_BACKEND(Simd);
+  using C = TypeParam;
+  constexpr int G = C::group_size;
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> byte_of(0, 255);
+  std::uniform_real_distribution<float> scale_of(0.01f, 4.f), zero_of(-8.f, 8.f);
+  for (int n : {G, 2 * G, 3 * G, 64, 128, 320}) {
+    if (n % G != 0) continue;
+    const auto nz = static_cast<std::size_t>(n);
+    std::vector<std::byte> codes(C::code_bytes(nz)), meta(row_meta_bytes<C>(nz));
+    for (std::byte& b : codes) b = static_cast<std::byte>(byte_of(rng));
+    for (int g = 0; g < n / G; ++g)
+      C::store_params(GroupParams{scale_of(rng), zero_of(rng)}, meta.data() + g * C::meta_bytes_per_group);
+    std::vector<float> want(nz), got(nz, -1.f), tmp(2 * nz + 8);
+    kvpack::decode_row<C>(codes.data(), meta.data(), n, want.data());
+    sc::decode_row<C>(codes.data(), meta.data(), n, got.data(), tmp.data());
+    for (std::size_t e = 0; e < nz; ++e) ASSERT_TRUE(same_float(got[e], want[e])) << "n " << n << " element " << e;
+  }
+}
+
 TEST(AllFp16Codes, DecodeRowMatchesScalar) {
   KVTEST_REQUIRE_BACKEND(Simd);
   std::vector<std::byte> codes(65536 * 2);
@@ -119,7 +153,7 @@ void per_channel_random(int n, std::uint32_t seed) {
 
 TEST(PerChannel, RandomGroupsMatchScalar) {
   KVTEST_REQUIRE_BACKEND(Simd);
-  for (int n : {8, 36, 96, 128, 130}) {
+  for (int n : {8, 36, 72, 96, 128, 130, 200}) {
     SCOPED_TRACE("channels " + std::to_string(n));
     per_channel_random<Int4<>>(n, 1);
     per_channel_random<Int4<Symmetric, MetaF32, Group<16>>>(n, 2);

@@ -121,8 +121,7 @@ struct Isa {
     simd::static_for<JS>([&](auto j) {
       simd::static_for<DC>([&](auto d) { a[j][d] = _mm256_loadu_ps(acc[j] + c + 8 * d); });
     });
-    for (int t = 0; t < n; ++t) {
-      if (!((live >> t) & 1u)) continue;
+    auto step = [&](int t) {
       const float* vr = v + t * vs + c;
       if constexpr (JS == 1) {
         const __m256 pb = _mm256_set1_ps(p[0][t]);
@@ -135,6 +134,14 @@ struct Isa {
           simd::static_for<DC>([&](auto d) { a[j][d] = _mm256_fmadd_ps(pb, vv[d], a[j][d]); });
         });
       }
+    };
+    // Every token live (unmasked tiles): no bit test per token and block of dims.
+    const std::uint32_t all = n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1u;
+    if ((live & all) == all) {
+      for (int t = 0; t < n; ++t) step(t);
+    } else {
+      for (int t = 0; t < n; ++t)
+        if ((live >> t) & 1u) step(t);
     }
     simd::static_for<JS>([&](auto j) {
       simd::static_for<DC>([&](auto d) { _mm256_storeu_ps(acc[j] + c + 8 * d, a[j][d]); });

@@ -64,6 +64,20 @@ namespace detail {
   return _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
 }
 
+/// 32 INT4 stored codes from 16 bytes, split into element order once: c[0] holds elements 0-15,
+/// c[1] elements 16-31, one per byte (element 2i is the low nibble of byte i).
+inline void nibbles32(const std::byte* p, __m128i c[2]) noexcept {
+  const __m128i b = load128(p);
+  const __m128i m = _mm_set1_epi8(0x0F);
+  const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+  c[0] = _mm_unpacklo_epi8(lo, hi);
+  c[1] = _mm_unpackhi_epi8(lo, hi);
+}
+/// Codes 8h .. 8h + 7 of nibbles32's split (h = 0..3) as int32 lanes.
+[[nodiscard]] inline __m256i nibbles32_part(const __m128i c[2], int h) noexcept {
+  return _mm256_cvtepu8_epi32(h % 2 == 0 ? c[h / 2] : _mm_srli_si128(c[h / 2], 8));
+}
+
 /// 8 fp16 codes (in the 16-bit lanes of h) for 8 FP8 codes (the low 8 bytes of b).
 template <class Format>
 [[nodiscard]] inline __m256 fp8x8(__m128i b) noexcept {
@@ -82,6 +96,32 @@ template <class Format>
   }
 }
 
+/// The unscaled values of 16 FP8 codes (the 16 bytes at p): elements 0-7 in lo, 8-15 in hi.
+/// Same conversions as fp8x8 (so bit-identical to it), each step on 16 codes at once.
+template <class Format>
+inline void fp8x16(const std::byte* p, __m256& lo, __m256& hi) noexcept {
+  const __m256i u = _mm256_cvtepu8_epi16(load128(p));
+  __m256i h;
+  if constexpr (std::is_same_v<Format, E5M2>) {
+    h = _mm256_slli_epi16(u, 8);
+  } else {
+    static_assert(std::is_same_v<Format, E4M3>, "FP8 format must be kvpack::E4M3 or kvpack::E5M2");
+    // u << 7 puts the magnitude at bits 7-13 and the sign at bit 14; adding bit 14 to itself
+    // carries it to bit 15: ((u & 0x7F) << 7) | ((u & 0x80) << 8) in 3 steps instead of 5.
+    const __m256i t = _mm256_slli_epi16(u, 7);
+    h = _mm256_add_epi16(t, _mm256_and_si256(t, _mm256_set1_epi16(0x4000)));
+    // 0x7F / 0xFF are NaN: the fp16 quiet NaN 0x7E00 converts to fp32's (fp8x8 blends that in).
+    const __m256i mag = _mm256_and_si256(u, _mm256_set1_epi16(0x7F));
+    h = _mm256_blendv_epi8(h, _mm256_set1_epi16(0x7E00), _mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7F)));
+  }
+  lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+  hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+  if constexpr (std::is_same_v<Format, E4M3>) {
+    lo = _mm256_mul_ps(lo, _mm256_set1_ps(256.f));  // exact: bias 15 -> 7
+    hi = _mm256_mul_ps(hi, _mm256_set1_ps(256.f));
+  }
+}
+
 /// 8 INT3 / INT2 stored codes (the LSB-first bit stream: element j at bits Bits*j of the
 /// little-endian word of the Bits bytes at p) as int32 lanes; reads exactly Bits bytes.
 template <int Bits>
@@ -97,6 +137,16 @@ template <int Bits>
 
 }  // namespace detail
 
+/// x̂ = zero + scale * q (one multiply, one add: bit-identical to IntCodec::dequantize) of 8
+/// stored codes u of integer codec C as int32 lanes (sub-byte symmetric codes: q = u + qmin).
+template <simd::IntCodecFamily C>
+[[nodiscard]] inline __m256 int_value8(__m256i u, __m256 s, __m256 z) noexcept {
+  if constexpr (C::sub_byte && !C::asymmetric) u = _mm256_add_epi32(u, _mm256_set1_epi32(C::qmin));
+  const __m256 f = _mm256_mul_ps(s, _mm256_cvtepi32_ps(u));
+  if constexpr (C::asymmetric) return _mm256_add_ps(z, f);
+  else return f;
+}
+
 /// Decodes elements [e, e + 8) of a row of codec C's codes with the group parameters s (scale)
 /// and z (zero-point, asymmetric integer codecs only) broadcast or per lane. e is a multiple of 8.
 template <KvCodec C>
@@ -106,14 +156,12 @@ template <KvCodec C>
     if constexpr (C::bits == 8) {
       const __m128i b = detail::load64(row + e);
       q = C::asymmetric ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
+    } else if constexpr (C::bits == 4) {
+      q = detail::nibbles8(row + e / 2);
     } else {
-      if constexpr (C::bits == 4) q = detail::nibbles8(row + e / 2);
-      else q = detail::packed8<C::bits>(row + e * C::bits / 8);
-      if constexpr (!C::asymmetric) q = _mm256_add_epi32(q, _mm256_set1_epi32(C::qmin));  // u + qmin
+      q = detail::packed8<C::bits>(row + e * C::bits / 8);
     }
-    const __m256 f = _mm256_mul_ps(s, _mm256_cvtepi32_ps(q));
-    if constexpr (C::asymmetric) return _mm256_add_ps(z, f);
-    else return f;
+    return int_value8<C>(q, s, z);
   } else if constexpr (simd::Fp8CodecFamily<C>) {
     return _mm256_mul_ps(detail::fp8x8<typename C::format>(detail::load64(row + e)), s);
   } else if constexpr (std::is_same_v<C, Fp16>) {
@@ -129,9 +177,18 @@ template <KvCodec C>
 template <class Meta>
 inline void load_meta_values(const std::byte* meta, std::size_t count, float* out) noexcept {
   if constexpr (std::is_same_v<Meta, MetaF16>) {
-    const std::size_t body = count - count % 8;
-    for (std::size_t i = 0; i < body; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(detail::load128(meta + 2 * i)));
-    for (std::size_t k = 0; k < count % 8; ++k) out[body + k] = detail::load_f16(meta + 2 * (body + k));
+    std::size_t i = 0;
+    for (; i + 8 <= count; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(detail::load128(meta + 2 * i)));
+    // A row of 4 groups (head_dim 128, INT8/FP8 group 32) or 2: one conversion, not 4 or 2.
+    if (i + 4 <= count) {
+      _mm_storeu_ps(out + i, _mm_cvtph_ps(detail::load64(meta + 2 * i)));
+      i += 4;
+    }
+    if (i + 2 <= count) {
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_castps_si128(_mm_cvtph_ps(detail::load32(meta + 2 * i))));
+      i += 2;
+    }
+    if (i < count) out[i] = detail::load_f16(meta + 2 * i);
   } else {
     std::memcpy(out, meta, count * sizeof(float));
   }
@@ -154,21 +211,27 @@ inline void decode_row(const std::byte* codes, const std::byte* meta, int n, flo
       if constexpr (simd::IntCodecFamily<C> && C::bits == 4 && G % 32 == 0) {
         // 32 INT4 codes per 16-byte load, split into element order once (decode8 reads 4 bytes
         // and splits them for every 8 codes); the same multiply and add, so bit-identical.
-        for (int e = g * G; e < (g + 1) * G; e += 32) {
-          const __m128i b = detail::load128(codes + e / 2);
-          const __m128i m = _mm_set1_epi8(0x0F);
-          const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
-          const __m128i c[2] = {_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)};  // elements 0-15, 16-31
-          for (int h = 0; h < 4; ++h) {
-            __m256i q = _mm256_cvtepu8_epi32(h % 2 == 0 ? c[h / 2] : _mm_srli_si128(c[h / 2], 8));
-            if constexpr (!C::asymmetric) q = _mm256_add_epi32(q, _mm256_set1_epi32(C::qmin));  // u + qmin
-            const __m256 f = _mm256_mul_ps(s, _mm256_cvtepi32_ps(q));
-            _mm256_storeu_ps(out + e + 8 * h, C::asymmetric ? _mm256_add_ps(z, f) : f);
-          }
-        }
+        simd::static_for<G / 32>([&](auto k) {
+          const int e = g * G + 32 * k;
+          __m128i c[2];
+          detail::nibbles32(codes + e / 2, c);
+          for (int h = 0; h < 4; ++h) _mm256_storeu_ps(out + e + 8 * h, int_value8<C>(detail::nibbles32_part(c, h), s, z));
+        });
+      } else if constexpr (simd::Fp8CodecFamily<C> && G % 16 == 0) {
+        // 16 FP8 codes per load, widened and converted to fp16 bits in one pass (fp8x16).
+        simd::static_for<G / 16>([&](auto k) {
+          const int e = g * G + 16 * k;
+          __m256 lo, hi;
+          detail::fp8x16<typename C::format>(codes + e, lo, hi);
+          _mm256_storeu_ps(out + e, _mm256_mul_ps(lo, s));
+          _mm256_storeu_ps(out + e + 8, _mm256_mul_ps(hi, s));
+        });
       } else {
-        for (int e = g * G; e < (g + 1) * G; e += 8)
+        // Unrolled at compile time: a run-time loop of G / 8 steps cost as much as the decode.
+        simd::static_for<G / 8>([&](auto k) {
+          const int e = g * G + 8 * k;
           _mm256_storeu_ps(out + e, decode8<C>(codes, static_cast<std::size_t>(e), s, z));
+        });
       }
     }
   } else {
@@ -206,6 +269,22 @@ inline void decode_row_channels(const std::byte* codes, const float* scale, cons
                                 float* out) noexcept {
   int e = 0;
   if constexpr (simd::SimdDecodable<C>) {
+    if constexpr (simd::IntCodecFamily<C> && C::bits == 4) {
+      for (; e + 32 <= n; e += 32) {  // 32 codes per load, as decode_row
+        __m128i c[2];
+        detail::nibbles32(codes + e / 2, c);
+        for (int h = 0; h < 4; ++h)
+          _mm256_storeu_ps(out + e + 8 * h, int_value8<C>(detail::nibbles32_part(c, h), _mm256_loadu_ps(scale + e + 8 * h),
+                                                          _mm256_loadu_ps(zero + e + 8 * h)));
+      }
+    } else if constexpr (simd::Fp8CodecFamily<C>) {
+      for (; e + 16 <= n; e += 16) {
+        __m256 lo, hi;
+        detail::fp8x16<typename C::format>(codes + e, lo, hi);
+        _mm256_storeu_ps(out + e, _mm256_mul_ps(lo, _mm256_loadu_ps(scale + e)));
+        _mm256_storeu_ps(out + e + 8, _mm256_mul_ps(hi, _mm256_loadu_ps(scale + e + 8)));
+      }
+    }
     for (; e + 8 <= n; e += 8)
       _mm256_storeu_ps(out + e, decode8<C>(codes, static_cast<std::size_t>(e), _mm256_loadu_ps(scale + e),
                                            _mm256_loadu_ps(zero + e)));
