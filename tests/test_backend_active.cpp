@@ -17,6 +17,7 @@
 #include "kvpack/kvpack.hpp"
 #include "support/backends.hpp"
 #include "support/reference.hpp"
+#include "support/sweep.hpp"
 
 namespace {
 
@@ -140,7 +141,7 @@ TYPED_TEST(CacheAutoVsScalar, SameAnswersOnEveryStep) {
     ASSERT_TRUE(a && b);
     const auto row = static_cast<std::size_t>(kv_heads * D), qrow = static_cast<std::size_t>(q_heads * D);
     std::uint32_t seed = 3;
-    for (int n : {95, 1, 33, 1, 1, 200, 1, 31, 1}) {
+    for (int n : kvtest::sweep_sizes({95, 1, 33, 1, 1, 200, 1, 31, 1}, 95)) {
       const auto k = kvtest::normal(static_cast<std::size_t>(n) * row, seed++);
       const auto v = kvtest::normal(static_cast<std::size_t>(n) * row, seed++);
       const auto pos = kvtest::iota_positions(a->tokens(0), n);

@@ -5,7 +5,7 @@
 //    fp16 and fp32 metadata; groups 8..128), per-token and per-channel keys, mixed K/V codecs;
 //  * head_dim 64, 96, 128, 256 (64/128/256 are compiled specialisations, 96 the generic path)
 //    and odd ones (34, 40, 36) through the generic path's tails;
-//  * 1, 31, 33, 95 and 1000 tokens, all quantized or split over sinks/blocks/pending/chunk;
+//  * 1, 31, 33, 95 and 1000 tokens (1000 in full sweeps only, support/sweep.hpp), all quantized or split over sinks/blocks/pending/chunk;
 //  * GQA groups 1, 3 and 4; decode (one query) and causal prefill (queries over several tiles);
 //  * BlockRef::valid slot masks (a 16-slot tile and a whole block masked out) and
 //    AttendArgs::key_mass, also both together.
@@ -21,6 +21,7 @@
 #include "support/backends.hpp"
 #include "support/head_builder.hpp"
 #include "support/reference.hpp"
+#include "support/sweep.hpp"
 
 namespace {
 
@@ -160,7 +161,7 @@ TYPED_TEST(BackendKernels, DecodeAndPrefillMatchScalar) {
   int ran = 0;
   for (int D : {64, 96, 128, 256}) {
     if (!TypeParam::fits(D)) continue;
-    for (int n : {1, 31, 33, 95, 1000}) {
+    for (int n : kvtest::sweep_sizes({1, 31, 33, 95, 1000}, 95)) {
       for (const auto& [name, sz] : splits(n)) {
         const kvtest::HeadData<TypeParam> head(D, sz, false, seed++);
         for (int group : {1, 3, 4}) {
@@ -182,7 +183,7 @@ TYPED_TEST(BackendKernels, SlotMasksAndKeyMass) {
   int ran = 0;
   for (int D : {64, 96, 128, 256}) {
     if (!TypeParam::fits(D)) continue;
-    for (int n : {31, 95, 1000}) {
+    for (int n : kvtest::sweep_sizes({31, 95, 1000}, 95)) {
       // Eviction-style head: masked blocks, then exact rows (sinks and recent tokens).
       const SegmentSizes sz{2, n, 3, 1};
       const kvtest::HeadData<TypeParam> head(D, sz, true, seed++);
@@ -204,7 +205,7 @@ TYPED_TEST(BackendKernels, OutlierKeysNoWorseThanScalar) {
   std::uint32_t seed = 700;
   for (int D : {64, 128}) {
     if (!TypeParam::fits(D)) continue;
-    for (int n : {95, 1000}) {
+    for (int n : kvtest::sweep_sizes({95, 1000}, 95)) {
       const kvtest::HeadData<TypeParam> head(D, {1, n, 2, 2}, n == 95, seed++, 20.f);
       check(head, {D, 4, 1, true}, seed++, 3.f, "outliers n=" + std::to_string(n), true);
       check(head, {D, 3, 5, false}, seed++, 3.f, "outliers n=" + std::to_string(n), true);

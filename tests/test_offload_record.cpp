@@ -12,6 +12,7 @@
 #include "kvpack/offload/block_record.hpp"
 #include "kvpack/offload/crypto.hpp"
 #include "support/offload_fixtures.hpp"
+#include "support/sweep.hpp"
 
 namespace ko = kvpack::offload;
 using kvpack::Errc;
@@ -329,10 +330,14 @@ TEST_P(OffloadRecord, FlippedCiphertextByteIsRejected) {
 
 // Every single-bit change anywhere in the record (header, nonce, body, tag) is rejected and
 // leaves the output all zero.
+// A short sweep (support/sweep.hpp: sanitizer stages) flips one bit of every byte instead of all
+// 8: bit i % 8 of byte i.
 TEST_P(OffloadRecord, EveryBitFlipIsRejected) {
   std::vector<std::byte> out(kC11PayloadBytes);
   std::size_t auth = 0, corrupt = 0;
+  const bool one_per_byte = kvtest::short_sweep();
   for (std::size_t bit = 0; bit < record_.size() * 8; ++bit) {
+    if (one_per_byte && bit % 8 != (bit / 8) % 8) continue;
     const auto mask = static_cast<std::byte>(1u << (bit % 8));
     record_[bit / 8] ^= mask;
     std::fill(out.begin(), out.end(), std::byte{0xEE});
@@ -343,8 +348,9 @@ TEST_P(OffloadRecord, EveryBitFlipIsRejected) {
     (r.error().code == Errc::auth_failed ? auth : corrupt) += 1;
     ASSERT_TRUE(all_zero(out)) << "bit " << bit << " left data in the output";
   }
-  EXPECT_EQ(auth + corrupt, record_.size() * 8);
-  EXPECT_GT(auth, kC11PayloadBytes * 8);  // every body and tag bit is an authentication failure
+  const std::size_t flips_per_byte = one_per_byte ? 1 : 8;
+  EXPECT_EQ(auth + corrupt, record_.size() * flips_per_byte);
+  EXPECT_GT(auth, kC11PayloadBytes * flips_per_byte);  // every body and tag bit is an authentication failure
   std::vector<std::byte> ok;
   EXPECT_TRUE(open(id_, record_, ok));  // and the untouched record still opens
 }
