@@ -13,25 +13,21 @@
 #include <vector>
 
 #include "kvpack/offload.hpp"
-#include "support/offload_fixtures.hpp"
+#include "support/offload_store_fixtures.hpp"
 
 namespace ko = kvpack::offload;
 using kvpack::Errc;
 using ko::testing::c11_layout;
 using ko::testing::kC11PayloadBytes;
+using ko::testing::bytes_of;
 using ko::testing::random_payload;
+using ko::testing::payload_for;
 using ko::testing::TempDir;
 using namespace std::chrono_literals;
 
 namespace {
 
 constexpr uint64_t kBlock = kC11PayloadBytes;
-
-std::vector<std::byte> payload_for(const ko::BlockKey& k, int generation = 0) {
-  return random_payload(kC11PayloadBytes, static_cast<uint64_t>(k.layer * 100000 + k.kv_head * 1000 + k.block_index) * 31 +
-                                              static_cast<uint64_t>(generation));
-}
-std::vector<std::byte> bytes_of(const ko::BlockHandle& h) { return {h.bytes().begin(), h.bytes().end()}; }
 
 // Blocks the next record read or write (offset past the superblock) until release(); a write
 // first puts half of its bytes on disk, so a torn record exists while it waits.
