@@ -1,9 +1,9 @@
 // PagedCache with token-level eviction (pool/paged_eviction.hpp): a pool sequence fed the same
 // appends and attends as a KVCache of the same policies holds the same pages (codes, positions,
 // counts) and tokens, and attends bit-identically, at prompts of 1, 31, 33, 95 and 200 tokens
-// (beyond every budget), two layers, GQA 6:2, for SinkWindow, H2O, SnapKV and TOVA. Fork then
-// evict on either side: each side equals a solo KVCache of its own history, the other side's pages
-// stay untouched. Exhaustion during a copy-on-write copy, truncate (unsupported), batched decode.
+// (beyond every budget), two layers, GQA 6:2, for SinkWindow, H2O, SnapKV, TOVA and two
+// Protocol<P, FixedBudget> forms. Fork then evict on either side: each side equals a solo KVCache
+// of its own history, the other side's pages stay untouched. Exhaustion during a copy-on-write copy, truncate (unsupported), batched decode.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -22,6 +22,9 @@ using SW = std::tuple<Keys<Int4<>>, Values<Int4<>>, Residual<4>, Blocks<16>, Sin
 using HH = std::tuple<Keys<Int8<>>, Values<Int4<>>, Sinks<2>, Blocks<16>, H2O<16, 16, 2>>;
 using Snap = std::tuple<Keys<Int4<>>, Values<Int4<>>, Blocks<16>, SnapKV<24, 8, 3>>;
 using Tova = std::tuple<Keys<Int4<>>, Values<Int8<>>, Blocks<32>, TOVA<40, 2>>;
+// Protocol forms: budgets resolved against the prompt; SnapKV then evicts continuously by its mass.
+using ProtoSK = std::tuple<Keys<Int8<>>, Values<Int4<>>, Blocks<16>, Protocol<SnapKVBudget<Fraction<1, 2>, 8, 3>, FixedBudget>>;
+using ProtoHH = std::tuple<Keys<Int4<>>, Values<Int4<>>, Residual<2>, Blocks<16>, Protocol<H2OBudget<Fraction<1, 2>, 2>, FixedBudget>>;
 
 template <class T>
 struct Types;
@@ -109,7 +112,7 @@ std::vector<std::byte> snapshot(const Pool& pool, SeqId id) {
 
 template <class T>
 class PoolEvict : public ::testing::Test {};
-using Configs = ::testing::Types<SW, HH, Snap, Tova>;
+using Configs = ::testing::Types<SW, HH, Snap, Tova, ProtoSK, ProtoHH>;
 TYPED_TEST_SUITE(PoolEvict, Configs);
 
 TYPED_TEST(PoolEvict, EqualsKVCacheBitForBit) {
