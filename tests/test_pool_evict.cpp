@@ -165,6 +165,38 @@ TYPED_TEST(PoolEvict, ForkThenEvictOnEitherSide) {
   EXPECT_EQ(pool.stats().pages_free, free0);
 }
 
+// Fork between two prompt chunks (pages already hold the first chunk): the first decode then
+// compresses (SnapKV: drops and compaction over shared pages) or evicts on each side in turn.
+template <class Pool, class Cache>
+void fork_during_prefill() {
+  Pool pool = make_pool<Pool>();
+  const std::vector<Step> A{{60, 5}, {35, 6}};
+  Cache parent_solo = make_cache<Cache>(), child_solo = make_cache<Cache>();
+  const SeqId parent = *pool.create_sequence();
+  replay(pool, parent, parent_solo, A);
+  {
+    Pool scratch = make_pool<Pool>();
+    replay(scratch, *scratch.create_sequence(), child_solo, A);
+  }
+  const SeqId child = *pool.fork(parent);
+  EXPECT_GT(pool.stats().pages_shared, 0u);
+  const auto parent_pages = snapshot(pool, parent);
+  replay(pool, child, child_solo, steps(1, 12, 50));
+  EXPECT_EQ(snapshot(pool, parent), parent_pages) << "the child's compression changed the parent's pages";
+  const auto child_pages = snapshot(pool, child);
+  replay(pool, parent, parent_solo, steps(1, 12, 80));
+  EXPECT_EQ(snapshot(pool, child), child_pages) << "the parent's compression changed the child's pages";
+}
+TYPED_TEST(PoolEvict, ForkDuringPrefillThenCompressOnEitherSide) {
+  fork_during_prefill<typename Types<TypeParam>::pool, typename Types<TypeParam>::cache>();
+}
+// SnapKV keeping 88 of 95 prompt tokens: most pages lose no token, so compaction drops its
+// reference to pages still shared with the other side without copying them (they must survive).
+TEST(PoolEvictSnapKV, CompactionKeepsPagesSharedWithTheOtherSide) {
+  using P = Types<std::tuple<Keys<Int4<>>, Values<Int4<>>, Blocks<16>, SnapKV<80, 8, 1>>>;
+  fork_during_prefill<P::pool, P::cache>();
+}
+
 TYPED_TEST(PoolEvict, ForkThenAttendOnlyChangesOneSide) {
   using Pool = typename Types<TypeParam>::pool;
   using Cache = typename Types<TypeParam>::cache;
