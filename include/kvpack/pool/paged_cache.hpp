@@ -3,7 +3,9 @@
 // PagedCache and a KVCache fed the same tokens hold the same block bytes and attend bit-identically
 // on the same backend (tests/test_pool_basic.cpp). Adds what a serving engine needs: fork (pages
 // shared copy-on-write), truncate (exact rollback of rejected speculative tokens), batched decode
-// over the caller's executor, and a prefix cache of published full pages. DESIGN.md "Paged pool".
+// over the caller's executor, and a prefix cache of published full pages. With a token-level
+// eviction policy, PagedCache<...> names EvictingPagedCache (pool/paged_eviction.hpp) instead.
+// DESIGN.md "Paged pool".
 #pragma once
 
 #include <algorithm>

@@ -23,6 +23,7 @@
 #include "kvpack/cache/workspace.hpp"
 #include "kvpack/executor.hpp"
 #include "kvpack/kv_cache.hpp"
+#include "kvpack/pool/evicting_pool_state.hpp"
 #include "kvpack/pool/evicting_store.hpp"
 #include "kvpack/pool/page_pool.hpp"
 #include "kvpack/pool/pool_checks.hpp"
@@ -47,8 +48,8 @@ class EvictingPagedCache {
   using single = KVCache<Policies...>;
 
  public:
-  using codec_hook = typename single::codec_hook;
-  using eviction_hook = typename single::eviction_hook;
+  using codec_hook = typename single::codec_hook;        ///< as KVCache<Policies...>
+  using eviction_hook = typename single::eviction_hook;  ///< the policy's hook, one per sequence
   static constexpr int sink_tokens = single::sink_tokens;
   static constexpr int residual_tokens = single::residual_tokens;
   static constexpr int block_tokens = single::block_tokens;
@@ -63,6 +64,7 @@ class EvictingPagedCache {
   static_assert(!single::offloads, "kvpack::PagedCache<...>: Offload<> is not supported on the page pool yet");
   static_assert(!codec_hook::interval_blocks && commit_unit == 1,
                 "kvpack::PagedCache<...>: Keyframe<...> codecs are not supported on the page pool yet");
+  /// One sequence's storage (pool/evicting_store.hpp).
   using store_type = pool_detail::PagedEvictStore<codec_hook, sink_tokens, residual_tokens>;
 
   /// Creates a pool: the page arena (PoolConfig::byte_budget), room for max_sequences handles.
@@ -86,6 +88,7 @@ class EvictingPagedCache {
     return Result<EvictingPagedCache>(EvictingPagedCache(std::move(st)));
   }
 
+  /// Moves the pool (sequences, pages); the moved-from one answers every call with invalid_argument.
   EvictingPagedCache(EvictingPagedCache&&) noexcept = default;
   EvictingPagedCache& operator=(EvictingPagedCache&&) noexcept = default;
   ~EvictingPagedCache() = default;  // State releases and zeroes everything
@@ -300,6 +303,7 @@ class EvictingPagedCache {
     const PoolStats s = st_->stats();
     return s.pages_total * s.page_bytes + s.overhead_bytes + s.exact_bytes;
   }
+  /// The model shape, the configuration and the page payload layout (KVCache's block layout).
   [[nodiscard]] const ModelShape& shape() const noexcept { return st_->cfg.shape; }
   [[nodiscard]] const PoolConfig& config() const noexcept { return st_->cfg; }
   [[nodiscard]] const BlockLayout& block_layout() const noexcept { return st_->layout; }
@@ -313,77 +317,8 @@ class EvictingPagedCache {
     Seq(PagePool& pool, const ModelShape& shape, const BlockLayout& layout) : store(pool, shape, layout) { hook.init(shape); }
     ~Seq() { hook.wipe(); }
   };
-  struct Slot {
-    std::atomic<std::uint32_t> generation{0};
-    std::atomic<bool> is_live{false};
-    std::unique_ptr<Seq> seq;
-  };
-  // Configuration, arena and slots; members in this order so that slots (their pages) go before the arena.
-  struct State {
-    PoolConfig cfg;
-    BlockLayout layout;
-    std::unique_ptr<PagePool> pool;
-    std::unique_ptr<Slot[]> slots;
-    std::vector<std::uint32_t> free_slots;  // under mu
-    std::mutex mu;
-
-    ~State() {
-      if (slots)
-        for (int i = 0; i < cfg.max_sequences; ++i) slots[static_cast<std::size_t>(i)].seq.reset();  // releases pages
-    }
-    [[nodiscard]] bool live(SeqId id) const noexcept {
-      if (id.index >= static_cast<std::uint32_t>(cfg.max_sequences)) return false;
-      const Slot& s = slots[id.index];
-      return s.is_live.load(std::memory_order_acquire) && s.generation.load(std::memory_order_acquire) == id.generation;
-    }
-    Result<SeqId> open(const char* what) {
-      std::uint32_t i;
-      {
-        std::lock_guard<std::mutex> g(mu);
-        if (free_slots.empty())
-          return fail(Errc::capacity_exceeded, std::string(what) + ": max_sequences = " + std::to_string(cfg.max_sequences) +
-                                                   " sequences are live; free one first");
-        i = free_slots.back();
-        free_slots.pop_back();
-      }
-      Slot& s = slots[i];
-      s.seq = std::make_unique<Seq>(*pool, cfg.shape, layout);
-      const std::uint32_t gen = s.generation.load(std::memory_order_relaxed) + 1;
-      s.generation.store(gen, std::memory_order_release);
-      s.is_live.store(true, std::memory_order_release);
-      return SeqId{i, gen};
-    }
-    void close(std::uint32_t i) {
-      Slot& s = slots[i];
-      s.is_live.store(false, std::memory_order_release);
-      s.generation.fetch_add(1, std::memory_order_acq_rel);
-      s.seq.reset();  // pages lose a reference, rows zeroed
-      std::lock_guard<std::mutex> g(mu);
-      free_slots.push_back(i);
-    }
-    [[nodiscard]] PoolStats stats() const {
-      PoolStats st;
-      st.page_bytes = pool->stride(), st.pages_total = pool->pages(), st.pages_free = pool->free_pages();
-      st.pages_used = st.pages_total - st.pages_free, st.pages_shared = pool->shared_pages();
-      st.budget_bytes = cfg.byte_budget;
-      st.bytes_used = st.pages_used * st.page_bytes, st.bytes_free = st.pages_free * st.page_bytes;
-      st.overhead_bytes = st.pages_total * PagePool::overhead_per_page;
-      for (int i = 0; i < cfg.max_sequences; ++i) {
-        const Slot& s = slots[static_cast<std::size_t>(i)];
-        if (!s.is_live.load(std::memory_order_acquire)) continue;
-        SequenceStats q;
-        q.id = {static_cast<std::uint32_t>(i), s.generation.load(std::memory_order_acquire)};
-        q.tokens = s.seq->store.layer(0).total;
-        for (int l = 0; l < cfg.shape.layers; ++l)
-          for (const auto& t : s.seq->store.layer(l).pages) q.pages += t.size();
-        q.exact_bytes = s.seq->store.exact_bytes();
-        st.bytes_if_unshared += q.pages * st.page_bytes;
-        st.exact_bytes += q.exact_bytes;
-        st.sequences.push_back(q);
-      }
-      return st;
-    }
-  };
+  using State = pool_detail::EvictPoolState<Seq>;
+  using Slot = typename State::Slot;
   explicit EvictingPagedCache(std::unique_ptr<State> st) : st_(std::move(st)) {}
 
   // Takes the pages `layer` of q may need (pages_bound), runs `op` with them, returns the rest.
