@@ -87,10 +87,10 @@ TEST(Registry, BadNamesFailClearly) {
     EXPECT_EQ(r.error().code, Errc::unsupported) << n;
   }
   for (const char* n : {"q8_0/", "/q8_0", "q8_0/q4_0/f16", ""}) EXPECT_FALSE(registry::has_policy(n)) << n;
-  auto evict = registry::make_pool("sink-window-50", {.shape = s, .byte_budget = 1 << 20, .max_sequences = 2});
+  auto evict = registry::make_pool("block-sparse-50", {.shape = s, .byte_budget = 1 << 20, .max_sequences = 2});
   ASSERT_FALSE(evict);
   EXPECT_EQ(evict.error().code, Errc::unsupported);
-  EXPECT_NE(evict.error().message.find("sink-window-50"), std::string::npos);
+  EXPECT_NE(evict.error().message.find("block-sparse-50"), std::string::npos);
   auto shape_err = registry::make_pool("int8", {.shape = {.layers = 0}, .byte_budget = 1 << 20});
   ASSERT_FALSE(shape_err);
   EXPECT_EQ(shape_err.error().code, Errc::invalid_argument);
@@ -104,16 +104,16 @@ TEST(Registry, PolicyListMatchesTheTable) {
   EXPECT_EQ(defaults, (std::vector<std::string>{"fp32", "fp16", "int8", "int4-g32", "int4-g64", "k8v4", "kivi4", "fp8-e4m3"}));
   for (const auto& p : all) {
     EXPECT_TRUE(registry::has_policy(p.name)) << p.name;
-    const bool evicting = p.name.find("sink") != std::string::npos || p.name.find("h2o") != std::string::npos ||
-                          p.name.find("snapkv") != std::string::npos || p.name.find("sparse") != std::string::npos ||
-                          p.name.find("kf64") != std::string::npos;
-    EXPECT_EQ(p.pool_capable, !evicting) << p.name;
+    // Token-level eviction (sink-window, h2o, snapkv) is pool-capable; block-sparse and keyframes are not.
+    const bool rejected = p.name.find("sparse") != std::string::npos || p.name.find("kf64") != std::string::npos;
+    EXPECT_EQ(p.pool_capable, !rejected) << p.name;
   }
 }
 
 // Every pool-capable name: a pooled sequence and the single-sequence cache of the same name,
 // (make_single) fed the same chunks (31 + 33 + 1 tokens: odd sizes across group and block
-// boundaries) hold the same block bytes and attend bit-identically.
+// boundaries) hold the same block bytes and attend bit-identically. Evicting names (sink-window,
+// h2o, snapkv) included: the same attends feed the same scores, SnapKV compresses on the 1.
 TEST(Registry, ErasedPoolAndCacheAgreeBitForBit) {
   const ModelShape s = small_shape();
   const std::size_t row = static_cast<std::size_t>(s.kv_heads) * s.head_dim, qrow = static_cast<std::size_t>(s.q_heads) * s.head_dim;
@@ -152,6 +152,64 @@ TEST(Registry, ErasedPoolAndCacheAgreeBitForBit) {
         EXPECT_EQ(std::memcmp((*pages)[i].data, blocks[i].data.get(), (*solo)->block_layout().bytes), 0);
     }
     EXPECT_EQ(*(*pool)->length(*id), 65);
+  }
+}
+
+// Evicting names through AnyPool, past their budgets (a quarter of max_tokens = 512):
+// a 200-token prompt and 24 decode steps, every step attended, equal the single-sequence cache of
+// the same name bit for bit (outputs and pages); a fork then evicts on its own; truncate is
+// unsupported.
+TEST(Registry, EvictingNamesEvictAsTheirSingleCache) {
+  const ModelShape s = small_shape();
+  const std::size_t row = static_cast<std::size_t>(s.kv_heads) * s.head_dim, qrow = static_cast<std::size_t>(s.q_heads) * s.head_dim;
+  for (const char* name : {"sink-window-25", "h2o-25", "snapkv-25", "int4-g32+h2o-25", "int4-g32+snapkv-25-k9"}) {
+    SCOPED_TRACE(name);
+    auto pool = registry::make_pool(name, {.shape = s, .byte_budget = 8 << 20, .max_sequences = 2});
+    ASSERT_TRUE(pool) << pool.error().message;
+    auto solo = (*pool)->make_single(s);
+    ASSERT_TRUE(solo);
+    const SeqId id = *(*pool)->create_sequence();
+    Workspace ws;
+    std::uint32_t seed = 100;
+    std::int32_t pos = 0;
+    for (int step = 0; step < 25; ++step) {
+      const int n = step == 0 ? 200 : 1, n_q = std::min(n, 32);
+      const auto k = randn(n * row, seed++), v = randn(n * row, seed++), q = randn(n_q * qrow, seed++);
+      std::vector<std::int32_t> positions(static_cast<std::size_t>(n));
+      for (auto& x : positions) x = pos++;
+      for (int l = 0; l < s.layers; ++l) {
+        ASSERT_TRUE((*pool)->append(id, l, k, v, positions));
+        ASSERT_TRUE((*solo)->append(l, k, v, positions));
+        std::vector<float> a(q.size()), b(q.size());
+        ASSERT_TRUE((*pool)->attend(id, l, q, a, ws));
+        ASSERT_TRUE((*solo)->attend(l, q, b));
+        ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "step " << step << ", layer " << l;
+      }
+    }
+    for (int h = 0; h < s.kv_heads; ++h) {
+      auto pages = (*pool)->pages(id, 1, h);
+      ASSERT_TRUE(pages);
+      const auto blocks = (*solo)->blocks(1, h);
+      ASSERT_EQ(pages->size(), blocks.size());
+      for (std::size_t i = 0; i < blocks.size(); ++i)
+        EXPECT_EQ(std::memcmp((*pages)[i].data, blocks[i].data.get(), (*solo)->block_layout().bytes), 0);
+      EXPECT_LT(pages->size() * static_cast<std::size_t>((*pool)->block_tokens()), 200u);  // evicted
+    }
+    auto child = (*pool)->fork(id);
+    ASSERT_TRUE(child);
+    const auto k = randn(row, 1), q = randn(qrow, 2);
+    for (int l = 0; l < s.layers; ++l) {
+      ASSERT_TRUE((*pool)->append(*child, l, k, k, std::vector<std::int32_t>{pos}));
+      std::vector<float> out(qrow);
+      ASSERT_TRUE((*pool)->attend(*child, l, q, out, ws));
+    }
+    EXPECT_EQ(*(*pool)->length(*child), *(*pool)->length(id) + 1);
+    auto t = (*pool)->truncate(id, 10);
+    ASSERT_FALSE(t);
+    EXPECT_EQ(t.error().code, Errc::unsupported);
+    ASSERT_TRUE((*pool)->free_sequence(*child));
+    ASSERT_TRUE((*pool)->free_sequence(id));
+    EXPECT_EQ((*pool)->stats().pages_free, (*pool)->stats().pages_total);
   }
 }
 

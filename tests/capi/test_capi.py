@@ -339,14 +339,48 @@ def test_batch_fork_truncate(lib, rng):
     lib.kvpack_pool_destroy(pool.h)
 
 
+def test_evicting(lib, rng):
+    """sink-window-25 / h2o-25 on the pool: past the budget (64 of max_tokens 256), a forked child's
+    appends leave its parent equal to a parent fed alone in another pool; truncate is UNSUPPORTED."""
+    L, QH, KH, D, _ = SHAPE
+    for policy in ("sink-window-25", "h2o-25"):
+        pools = [Pool(lib, policy, SHAPE), Pool(lib, policy, SHAPE)]
+        check(all(p.status == OK for p in pools), f"{policy}: pool_create -> {lib.kvpack_last_error()}")
+        seqs = [p.seq()[1] for p in pools]
+        steps = [(rand(rng, 150 if i == 0 else 1, KH, D), rand(rng, 150 if i == 0 else 1, KH, D), rand(rng, 1, QH, D))
+                 for i in range(12)]
+        pos0 = 0
+        for i, (k, v, q) in enumerate(steps):
+            pos = np.arange(pos0, pos0 + len(k), dtype=np.int32)
+            pos0 += len(k)
+            outs = []
+            for p, s in zip(pools, seqs):
+                for layer in range(L):
+                    check(p.append(s, layer, k, v, pos) == OK, f"{policy}: append {lib.kvpack_last_error()}")
+                outs.append(p.attend(s, 0, q)[1])
+            check(np.array_equal(outs[0], outs[1]), f"{policy}: step {i}: same history, different output")
+            if i == 5:  # a child in pool 0 evicts on its own; its parent must not notice
+                st, child = pools[0].fork(seqs[0])
+                check(st == OK, f"{policy}: fork")
+                for j in range(20):
+                    for layer in range(L):
+                        pools[0].append(child, layer, rand(rng, 1, KH, D), rand(rng, 1, KH, D),
+                                        np.array([pos0 + j], dtype=np.int32))
+                    pools[0].attend(child, 0, rand(rng, 1, QH, D))
+        st = lib.kvpack_seq_truncate(pools[0].h, seqs[0], 10)
+        check(st == UNSUPPORTED, f"{policy}: truncate with eviction -> {st}")
+        for p in pools:
+            lib.kvpack_pool_destroy(p.h)
+
+
 def test_errors(lib, rng):
     L, QH, KH, D, _ = SHAPE
     bad = Pool(lib, "int3", SHAPE)
     msg = lib.kvpack_last_error().decode()
     check(bad.status == INVALID and "int3" in msg and "known:" in msg, f"bad policy name -> {bad.status} '{msg}'")
     check(lib.kvpack_status_name(bad.status) == b"invalid argument", "status name")
-    ev = Pool(lib, "sink-window-50", SHAPE)
-    check(ev.status == UNSUPPORTED, f"evicting policy on the pool -> {ev.status}")
+    ev = Pool(lib, "block-sparse-50", SHAPE)  # token-level eviction (sink-window-50, ...) is pool-capable
+    check(ev.status == UNSUPPORTED, f"block-sparse policy on the pool -> {ev.status}")
     bf = Pool(lib, "bf16", SHAPE)
     check(bf.status == UNSUPPORTED and "bf16" in lib.kvpack_last_error().decode(), "bf16 has no kvpack codec")
     check(lib.kvpack_pool_create(None, None, None) == INVALID, "NULL arguments")
@@ -404,6 +438,7 @@ def main():
     for policy in POLICIES:
         test_attention(lib, policy, rng)
     test_batch_fork_truncate(lib, rng)
+    test_evicting(lib, rng)
     test_errors(lib, rng)
     print(f"{len(failures)} failure(s)")
     return 1 if failures else 0

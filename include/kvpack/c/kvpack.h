@@ -21,7 +21,8 @@
  *    bytes per pool or workspace ever destroyed). A freed sequence handle is rejected even after
  *    its slot is reused (handles carry a generation).
  *  - Thread safety: calls on DIFFERENT sequences of a pool may run on different threads at once;
- *    calls on the same sequence must not overlap (attends of it may); create/destroy of a pool must
+ *    calls on the same sequence must not overlap (attends of it may, except with an evicting
+ *    policy, whose attends update the sequence's scores); create/destroy of a pool must
  *    not overlap any other call on it. Each thread passes its own workspace to attend calls, or NULL
  *    to use the pool's built-in one (then attends of that pool are serialized by a mutex).
  */
@@ -58,7 +59,7 @@ typedef enum kvpack_status {
   KVPACK_ERR_CORRUPT_DATA = 5,      /**< a header or layout does not match */
   KVPACK_ERR_AUTH_FAILED = 6,       /**< an authentication tag did not verify */
   KVPACK_ERR_NOT_PRESENT = 7,       /**< data not resident */
-  KVPACK_ERR_UNSUPPORTED = 8,       /**< operation or policy not supported (e.g. an evicting policy on the pool) */
+  KVPACK_ERR_UNSUPPORTED = 8,       /**< operation or policy not supported (e.g. a block-sparse policy on the pool) */
   KVPACK_ERR_OUT_OF_MEMORY = 9,     /**< a host allocation failed */
   KVPACK_ERR_INTERNAL = 10          /**< an unexpected failure inside the library (a bug: please report) */
 } kvpack_status;
@@ -143,8 +144,9 @@ KVPACK_C_API const char* kvpack_status_name(kvpack_status status);
 KVPACK_C_API int32_t kvpack_policy_count(void);
 
 /** The i-th policy name (0 <= i < kvpack_policy_count()), NULL when out of range. *pool_capable
- *  (when not NULL) is set to 1 if kvpack_pool_create accepts it, 0 for evicting or keyframe
- *  policies (single-sequence only for now). The string lives as long as the library is loaded. */
+ *  (when not NULL) is set to 1 if kvpack_pool_create accepts it (token-level eviction included:
+ *  sink-window, h2o, snapkv names), 0 for block-sparse or keyframe policies (single-sequence only
+ *  for now). The string lives as long as the library is loaded. */
 KVPACK_C_API const char* kvpack_policy_name(int32_t i, int32_t* pool_capable);
 
 /** Creates a pool of policy `policy`: a registry name ("fp32", "fp16", "int8", "int4-g32",
@@ -155,7 +157,7 @@ KVPACK_C_API const char* kvpack_policy_name(int32_t i, int32_t* pool_capable);
  *  minimum); see include/kvpack/registry/llama_cpp_types.hpp for the exact differences.
  *  On success *out is a new pool (free it with kvpack_pool_destroy).
  *  Errors: NULL argument, unknown name, bad shape, byte_budget below one page, max_sequences < 1,
- *  max_rollback_tokens < 0 (INVALID_ARGUMENT); an evicting/keyframe policy or a llama.cpp type
+ *  max_rollback_tokens < 0 (INVALID_ARGUMENT); a block-sparse/keyframe policy or a llama.cpp type
  *  without a kvpack codec (bf16, q5_0, q5_1, iq4_nl: UNSUPPORTED); the arena cannot be
  *  allocated (CAPACITY_EXCEEDED or OUT_OF_MEMORY). */
 KVPACK_C_API kvpack_status kvpack_pool_create(const char* policy, const kvpack_pool_config* config, kvpack_pool** out);
@@ -188,7 +190,8 @@ KVPACK_C_API kvpack_status kvpack_seq_length(const kvpack_pool* pool, kvpack_seq
 /** Drops the newest tokens of every layer so `new_length` remain (speculative decoding
  *  rollback): the sequence is then bit-identical to one that never received them.
  *  Errors: stale handle, new_length < 0 or above the length (INVALID_ARGUMENT); more than
- *  max_rollback_tokens dropped (UNSUPPORTED); a shared page must be copied and no page is free
+ *  max_rollback_tokens dropped, or any truncate with an evicting policy (UNSUPPORTED: evicted
+ *  tokens and scores cannot be restored); a shared page must be copied and no page is free
  *  (CAPACITY_EXCEEDED). */
 KVPACK_C_API kvpack_status kvpack_seq_truncate(kvpack_pool* pool, kvpack_seq seq, int64_t new_length);
 
@@ -233,8 +236,8 @@ KVPACK_C_API kvpack_status kvpack_attend_batch(const kvpack_pool* pool, int32_t 
  *  Errors, checked before anything runs (out untouched): those of kvpack_attend_batch; NULL mask
  *  or mask_indptr, indptr entries negative or decreasing, a mask length other than the sequence's
  *  tokens in the layer (the message names both), a mask of only -INFINITY (INVALID_ARGUMENT);
- *  NaN or +INFINITY in a mask (NON_FINITE, naming the sequence and the entry). After: a
- *  non-finite output (NON_FINITE). */
+ *  NaN or +INFINITY in a mask (NON_FINITE, naming the sequence and the entry); a pool with an
+ *  evicting policy (UNSUPPORTED). After: a non-finite output (NON_FINITE). */
 KVPACK_C_API kvpack_status kvpack_attend_batch_masked(const kvpack_pool* pool, int32_t layer, const kvpack_seq* seqs,
                                                       int64_t n_seqs, const float* q, const float* mask,
                                                       const int64_t* mask_indptr, float* out,

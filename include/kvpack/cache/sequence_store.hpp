@@ -117,6 +117,10 @@ class SequenceStore {
     else (void)li, (void)h, (void)slot, (void)high_budget;
   }
 
+  /// Rewrites KV head h of layer li densely (HeadStore::compact): SnapKV's compaction, through the
+  /// store so that a paged store (pool/evicting_store.hpp) can compact into pool pages instead.
+  void compact_head(int li, int h) { layer(li).heads[static_cast<std::size_t>(h)].compact(layout_, proto_); }
+
   /// Empties every layer (zeroing first) and sizes them for the shape.
   void reset() {
     wipe();

@@ -235,7 +235,7 @@ class SnapKVHook : public HookDefaults {
       for (std::int64_t i : keep) kept[static_cast<std::size_t>(i)] = 1;
       for (std::size_t i = 0; i < cand.size(); ++i)
         if (!kept[i]) st.drop_slot(li, static_cast<int>(&H - L.heads.data()), cand[i].second, kept_total);  // demoted first with Demote<>
-      H.compact(st.layout(), st.proto());
+      st.compact_head(li, static_cast<int>(&H - L.heads.data()));  // the store's: heap blocks or pool pages
     }
     detail::wipe_vector(S.obs_q);
   }

@@ -3,7 +3,9 @@
 // PagedCache and a KVCache fed the same tokens hold the same block bytes and attend bit-identically
 // on the same backend (tests/test_pool_basic.cpp). Adds what a serving engine needs: fork (pages
 // shared copy-on-write), truncate (exact rollback of rejected speculative tokens), batched decode
-// over the caller's executor, and a prefix cache of published full pages. DESIGN.md "Paged pool".
+// over the caller's executor, and a prefix cache of published full pages. With a token-level
+// eviction policy, PagedCache<...> names EvictingPagedCache (pool/paged_eviction.hpp) instead.
+// DESIGN.md "Paged pool".
 #pragma once
 
 #include <algorithm>
@@ -16,12 +18,14 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "kvpack/cache/workspace.hpp"
 #include "kvpack/executor.hpp"
 #include "kvpack/kv_cache.hpp"
 #include "kvpack/pool/page_pool.hpp"
+#include "kvpack/pool/paged_eviction.hpp"
 #include "kvpack/pool/paged_sequence.hpp"
 #include "kvpack/pool/pool_types.hpp"
 #include "kvpack/pool/prefix_cache.hpp"
@@ -30,24 +34,17 @@
 
 namespace kvpack {
 
-/// A page of a sequence's page table as PagedCache::pages() shows it.
-struct PageView {
-  std::uint32_t page = 0;          ///< page id in the arena
-  const std::byte* data = nullptr; ///< payload (BlockLayout of block_layout())
-  BlockHeader header;              ///< count = tokens stored in the page
-  std::uint32_t refs = 0;          ///< references now (> 1: shared, read-only)
-};
-
-/// Many sequences of compressed KV cache in one page pool. Policies as KVCache<Policies...>
-/// (the same static_asserts apply); not yet supported on the pool, each a readable compile error:
-/// eviction policies, Offload<>, Keyframe<> codecs.
+/// Many sequences of compressed KV cache in one page pool, without eviction (PagedCache<...>
+/// names this type when the policies do not evict, EvictingPagedCache otherwise). Policies as
+/// KVCache<Policies...> (the same static_asserts apply); not yet supported on the pool, each a
+/// readable compile error: Offload<>, Keyframe<> codecs.
 ///
 /// Thread safety: calls on DIFFERENT sequences may run concurrently from several threads
 /// (append, attend, fork of distinct parents, create/free); calls on the SAME sequence must not
 /// overlap (attend/attend_batch with each other may: they only read). Pages shared by several
 /// sequences are only read. publish_prefix/attach_prefix/clear_prefix_cache are thread-safe.
 template <class... Policies>
-class PagedCache {
+class BasicPagedCache {
   using single = KVCache<Policies...>;  // resolves the policies and runs KVCache's static_asserts
 
  public:
@@ -58,9 +55,7 @@ class PagedCache {
   static constexpr int commit_unit = codec_hook::commit_unit;
   static constexpr double key_bits_per_value = single::key_bits_per_value;
   static constexpr double value_bits_per_value = single::value_bits_per_value;
-  static_assert(!single::evicts,
-                "kvpack::PagedCache<...>: eviction policies (SinkWindow, H2O, SnapKV, BlockSparse, TOVA) are not "
-                "supported on the page pool yet; use KVCache<...> for an evicting sequence");
+  static_assert(!single::evicts, "kvpack::BasicPagedCache<...>: evicting policies use EvictingPagedCache (name PagedCache<...>)");
   static_assert(!single::offloads, "kvpack::PagedCache<...>: Offload<> is not supported on the page pool yet");
   static_assert(!codec_hook::interval_blocks,
                 "kvpack::PagedCache<...>: Keyframe<...> codecs are not supported on the page pool yet");
@@ -69,7 +64,7 @@ class PagedCache {
   /// Errc::invalid_argument: a bad shape (as KVCache::create), max_sequences < 1,
   /// max_rollback_tokens < 0, a budget below one page; Errc::capacity_exceeded when the arena
   /// cannot be allocated.
-  [[nodiscard]] static Result<PagedCache> create(const PoolConfig& cfg) {
+  [[nodiscard]] static Result<BasicPagedCache> create(const PoolConfig& cfg) {
     if (Status s = validate_shape(cfg.shape, codec_hook::K::row_group, codec_hook::V::row_group); !s) return s.error();
     if (cfg.max_sequences < 1 || cfg.max_rollback_tokens < 0)
       return fail(Errc::invalid_argument, "PagedCache::create: max_sequences must be >= 1 and max_rollback_tokens >= 0");
@@ -83,14 +78,14 @@ class PagedCache {
     st->hist_cap = cfg.max_rollback_tokens > 0 ? cfg.max_rollback_tokens + residual_tokens + commit_unit - 1 : 0;
     st->slots = std::make_unique<Slot[]>(static_cast<std::size_t>(cfg.max_sequences));
     for (int i = cfg.max_sequences - 1; i >= 0; --i) st->free_slots.push_back(static_cast<std::uint32_t>(i));
-    return Result<PagedCache>(PagedCache(std::move(st)));
+    return Result<BasicPagedCache>(BasicPagedCache(std::move(st)));
   }
 
-  PagedCache(PagedCache&&) noexcept = default;
-  PagedCache& operator=(PagedCache&&) noexcept = default;
-  PagedCache(const PagedCache&) = delete;
-  PagedCache& operator=(const PagedCache&) = delete;
-  ~PagedCache() = default;  // State releases and zeroes everything
+  BasicPagedCache(BasicPagedCache&&) noexcept = default;
+  BasicPagedCache& operator=(BasicPagedCache&&) noexcept = default;
+  BasicPagedCache(const BasicPagedCache&) = delete;
+  BasicPagedCache& operator=(const BasicPagedCache&) = delete;
+  ~BasicPagedCache() = default;  // State releases and zeroes everything
 
   /// A new empty sequence. Errc::capacity_exceeded when max_sequences are live.
   [[nodiscard]] Result<SeqId> create_sequence() {
@@ -319,7 +314,7 @@ class PagedCache {
  private:
   using Slot = pool_detail::SeqSlot;
   using State = pool_detail::PoolState<codec_hook, sink_tokens, residual_tokens>;
-  explicit PagedCache(std::unique_ptr<State> st) : st_(std::move(st)) {}
+  explicit BasicPagedCache(std::unique_ptr<State> st) : st_(std::move(st)) {}
 
   [[nodiscard]] std::size_t row_floats() const noexcept {
     return static_cast<std::size_t>(shape().kv_heads) * static_cast<std::size_t>(shape().head_dim);
@@ -394,5 +389,13 @@ class PagedCache {
 
   std::unique_ptr<State> st_;
 };
+
+/// Many sequences of compressed KV cache in one page pool: BasicPagedCache<Policies...> (above),
+/// or EvictingPagedCache<Policies...> (pool/paged_eviction.hpp) when an eviction policy is among
+/// them (SinkWindow, H2O, SnapKV, TOVA and their Budget/Protocol forms; BlockSparse, Demote<>,
+/// Offload<> and Keyframe<> codecs are compile errors there). DESIGN.md "Paged pool".
+template <class... Policies>
+using PagedCache = std::conditional_t<KVCache<Policies...>::evicts, EvictingPagedCache<Policies...>,
+                                      BasicPagedCache<Policies...>>;
 
 }  // namespace kvpack

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "kvpack/cache/block.hpp"
 #include "kvpack/cache/shape.hpp"
 
 namespace kvpack {
@@ -52,6 +53,14 @@ struct SeqId {
 struct BatchMask {
   std::span<const float> values;          ///< every mask, concatenated (any order the offsets name)
   std::span<const std::int64_t> offsets;  ///< N + 1 non-decreasing offsets into values
+};
+
+/// A page of a sequence's page table as PagedCache::pages() shows it.
+struct PageView {
+  std::uint32_t page = 0;          ///< page id in the arena
+  const std::byte* data = nullptr; ///< payload (BlockLayout of block_layout())
+  BlockHeader header;              ///< count = tokens stored in the page
+  std::uint32_t refs = 0;          ///< references now (> 1: shared, read-only)
 };
 
 /// One live sequence in PoolStats.

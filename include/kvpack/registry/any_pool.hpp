@@ -50,7 +50,9 @@ class AnyPool {
   /// k, v [n][kv_heads][head_dim] float32, positions [n].
   virtual Status append(SeqId id, int layer, std::span<const float> k, std::span<const float> v,
                         std::span<const std::int32_t> positions) = 0;
-  /// q, out [n_q][q_heads][head_dim]; scratch in `ws` (one per thread).
+  /// q, out [n_q][q_heads][head_dim]; scratch in `ws` (one per thread). With an evicting policy
+  /// attend and attend_batch update the sequences' scores (EvictingPagedCache): calls on the same
+  /// sequence must not overlap then, attend included.
   virtual Status attend(SeqId id, int layer, std::span<const float> q, std::span<float> out, Workspace& ws) const = 0;
   /// q, out [N][q_heads][head_dim], one decode query per sequence of `seqs`.
   virtual Status attend_batch(int layer, std::span<const SeqId> seqs, std::span<const float> q, std::span<float> out,
@@ -113,17 +115,22 @@ class PoolAdapter final : public AnyPool {
     return pool_.attend_batch(layer, seqs, q, masks, out, exec, workspaces);
   }
   Result<std::int64_t> publish_prefix(SeqId id, std::string_view model_id, std::span<const std::int32_t> tokens) override {
-    return pool_.publish_prefix(id, model_id, tokens);
+    if constexpr (evicting) return no_eviction("publish_prefix", id, model_id, tokens);
+    else return pool_.publish_prefix(id, model_id, tokens);
   }
   Result<std::int64_t> attach_prefix(SeqId id, std::string_view model_id, std::span<const std::int32_t> prompt) override {
-    return pool_.attach_prefix(id, model_id, prompt);
+    if constexpr (evicting) return no_eviction("attach_prefix", id, model_id, prompt);
+    else return pool_.attach_prefix(id, model_id, prompt);
   }
-  void clear_prefix_cache() override { pool_.clear_prefix_cache(); }
+  void clear_prefix_cache() override {
+    if constexpr (!evicting) pool_.clear_prefix_cache();  // an evicting pool has no prefix cache
+  }
   [[nodiscard]] Result<std::vector<PageView>> pages(SeqId id, int layer, int kv_head) const override {
     return pool_.pages(id, layer, kv_head);
   }
   [[nodiscard]] Result<HeadContents> read_back(SeqId id, int layer, int kv_head) const override {
-    return pool_.read_back(id, layer, kv_head);
+    if constexpr (evicting) return no_eviction("read_back", id, layer, kv_head);
+    else return pool_.read_back(id, layer, kv_head);
   }
   [[nodiscard]] PoolStats stats() const override { return pool_.stats(); }
   [[nodiscard]] std::size_t memory_bytes() const override { return pool_.memory_bytes(); }
@@ -135,7 +142,13 @@ class PoolAdapter final : public AnyPool {
   [[nodiscard]] Pool& get() noexcept { return pool_; }
 
  private:
-  Pool pool_;
+  static constexpr bool evicting = KVCache<Policies...>::evicts;
+  template <class... A>
+  static Error no_eviction(const char* what, const A&...) {
+    return fail(Errc::unsupported, std::string(what) + ": not available on a pool with an eviction policy");
+  }
+  // mutable: an evicting pool's attend updates scores (AnyPool::attend stays const for the others).
+  mutable Pool pool_;
   std::string name_;
 };
 

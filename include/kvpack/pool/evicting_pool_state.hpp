@@ -1,0 +1,101 @@
+// EvictPoolState: what an EvictingPagedCache (pool/paged_eviction.hpp) owns: configuration,
+// page arena and sequence slots (each holding its sequence: store, hook, scratch), with opening
+// and closing slots and the statistics. Seq: the facade's sequence type, constructible from
+// (PagePool&, const ModelShape&, const BlockLayout&), with a `store` (PagedEvictStore).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kvpack/cache/block.hpp"
+#include "kvpack/pool/page_pool.hpp"
+#include "kvpack/pool/pool_types.hpp"
+#include "kvpack/result.hpp"
+
+namespace kvpack::pool_detail {
+
+/// Configuration, arena and slots of an evicting pool; members in this order so that the slots
+/// (their page references) go before the arena.
+template <class Seq>
+struct EvictPoolState {
+  /// A sequence slot: handle generation, whether live, the sequence (null when free).
+  struct Slot {
+    std::atomic<std::uint32_t> generation{0};
+    std::atomic<bool> is_live{false};
+    std::unique_ptr<Seq> seq;
+  };
+  PoolConfig cfg;
+  BlockLayout layout;
+  std::unique_ptr<PagePool> pool;
+  std::unique_ptr<Slot[]> slots;
+  std::vector<std::uint32_t> free_slots;  // under mu
+  std::mutex mu;
+
+  ~EvictPoolState() {
+    if (slots)
+      for (int i = 0; i < cfg.max_sequences; ++i) slots[static_cast<std::size_t>(i)].seq.reset();  // releases pages
+  }
+  /// Whether `id` names a live sequence (index in range, slot live, same generation).
+  [[nodiscard]] bool live(SeqId id) const noexcept {
+    if (id.index >= static_cast<std::uint32_t>(cfg.max_sequences)) return false;
+    const Slot& s = slots[id.index];
+    return s.is_live.load(std::memory_order_acquire) && s.generation.load(std::memory_order_acquire) == id.generation;
+  }
+  /// Takes a free slot and makes an empty sequence in it. Errc::capacity_exceeded when none is free.
+  Result<SeqId> open(const char* what) {
+    std::uint32_t i;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      if (free_slots.empty())
+        return fail(Errc::capacity_exceeded, std::string(what) + ": max_sequences = " + std::to_string(cfg.max_sequences) +
+                                                 " sequences are live; free one first");
+      i = free_slots.back();
+      free_slots.pop_back();
+    }
+    Slot& s = slots[i];
+    s.seq = std::make_unique<Seq>(*pool, cfg.shape, layout);
+    const std::uint32_t gen = s.generation.load(std::memory_order_relaxed) + 1;
+    s.generation.store(gen, std::memory_order_release);
+    s.is_live.store(true, std::memory_order_release);
+    return SeqId{i, gen};
+  }
+  /// Releases slot i: the handle goes stale, the sequence's pages lose a reference, rows are zeroed.
+  void close(std::uint32_t i) {
+    Slot& s = slots[i];
+    s.is_live.store(false, std::memory_order_release);
+    s.generation.fetch_add(1, std::memory_order_acq_rel);
+    s.seq.reset();  // pages lose a reference, rows zeroed
+    std::lock_guard<std::mutex> g(mu);
+    free_slots.push_back(i);
+  }
+  /// A snapshot of pool use (no prefix cache here: prefix fields stay 0).
+  [[nodiscard]] PoolStats stats() const {
+    PoolStats st;
+    st.page_bytes = pool->stride(), st.pages_total = pool->pages(), st.pages_free = pool->free_pages();
+    st.pages_used = st.pages_total - st.pages_free, st.pages_shared = pool->shared_pages();
+    st.budget_bytes = cfg.byte_budget;
+    st.bytes_used = st.pages_used * st.page_bytes, st.bytes_free = st.pages_free * st.page_bytes;
+    st.overhead_bytes = st.pages_total * PagePool::overhead_per_page;
+    for (int i = 0; i < cfg.max_sequences; ++i) {
+      const Slot& s = slots[static_cast<std::size_t>(i)];
+      if (!s.is_live.load(std::memory_order_acquire)) continue;
+      SequenceStats q;
+      q.id = {static_cast<std::uint32_t>(i), s.generation.load(std::memory_order_acquire)};
+      q.tokens = s.seq->store.layer(0).total;
+      for (int l = 0; l < cfg.shape.layers; ++l)
+        for (const auto& t : s.seq->store.layer(l).pages) q.pages += t.size();
+      q.exact_bytes = s.seq->store.exact_bytes();
+      st.bytes_if_unshared += q.pages * st.page_bytes;
+      st.exact_bytes += q.exact_bytes;
+      st.sequences.push_back(q);
+    }
+    return st;
+  }
+};
+
+}  // namespace kvpack::pool_detail

@@ -1,0 +1,383 @@
+// EvictingPagedCache<Policy...>: the PagedCache of an evicting policy set (SinkWindow, H2O, SnapKV,
+// TOVA and their Budget forms; PagedCache<...> names it, pool/paged_cache.hpp). Each sequence slot
+// holds its store (pool/evicting_store.hpp: slots over pool pages), its own eviction hook (scores
+// live in the store's slots and pending rows; H2O's mass, SnapKV's observation window, SinkWindow's
+// FIFO and resolved budgets in the hook) and a scratch Workspace for the hook's own scoring. The
+// token lifecycle, hook calls and kernel calls are KVCache's (kv_cache.hpp, cache/append_tokens.hpp)
+// in the same order, so a pool sequence and a KVCache<same policies> fed the same appends and
+// attends hold the same slots and codes and attend bit-identically (tests/test_pool_evict.cpp).
+// DESIGN.md "Paged pool".
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvpack/cache/workspace.hpp"
+#include "kvpack/executor.hpp"
+#include "kvpack/kv_cache.hpp"
+#include "kvpack/pool/evicting_pool_state.hpp"
+#include "kvpack/pool/evicting_store.hpp"
+#include "kvpack/pool/page_pool.hpp"
+#include "kvpack/pool/pool_checks.hpp"
+#include "kvpack/pool/pool_types.hpp"
+
+namespace kvpack {
+
+/// Many evicting sequences in one page pool (PagedCache<...> with a token-level eviction policy:
+/// SinkWindow, H2O, SnapKV, TOVA and their Budget / Protocol forms). Compile errors, each a
+/// readable static_assert: BlockSparse (block masks over shared pages), Demote<> (a per-sequence
+/// low tier outside the arena), Offload<>, Keyframe<> codecs, per-channel keys.
+///
+/// Differences from the non-evicting pool: attend and attend_batch update the sequence's scores
+/// (non-const, as KVCache::attend); truncate is Errc::unsupported (eviction already dropped
+/// tokens and folded attention into scores: no earlier state can be rebuilt); no prefix cache,
+/// page import, masked batches or read_back (Errc::unsupported / absent). Fork shares every page;
+/// an append or compress_prompt copies a shared page before writing or zeroing a slot in it.
+/// Thread safety as PagedCache: calls on different sequences may run concurrently; calls on the
+/// same sequence must not overlap (attend writes scores).
+template <class... Policies>
+class EvictingPagedCache {
+  using single = KVCache<Policies...>;
+
+ public:
+  using codec_hook = typename single::codec_hook;        ///< as KVCache<Policies...>
+  using eviction_hook = typename single::eviction_hook;  ///< the policy's hook, one per sequence
+  static constexpr int sink_tokens = single::sink_tokens;
+  static constexpr int residual_tokens = single::residual_tokens;
+  static constexpr int block_tokens = single::block_tokens;
+  static constexpr int commit_unit = codec_hook::commit_unit;
+  static constexpr double key_bits_per_value = single::key_bits_per_value;
+  static constexpr double value_bits_per_value = single::value_bits_per_value;
+  static_assert(single::evicts, "kvpack::EvictingPagedCache<...>: needs an eviction policy (use PagedCache<...>)");
+  static_assert(eviction_hook::required_block_tokens == 0,
+                "kvpack::PagedCache<...>: BlockSparse is not supported on the page pool (its block masks and "
+                "compaction assume private blocks); use SinkWindow, H2O, SnapKV or TOVA, or KVCache<...>");
+  static_assert(!single::demotes, "kvpack::PagedCache<...>: Demote<> is not supported on the page pool yet");
+  static_assert(!single::offloads, "kvpack::PagedCache<...>: Offload<> is not supported on the page pool yet");
+  static_assert(!codec_hook::interval_blocks && commit_unit == 1,
+                "kvpack::PagedCache<...>: Keyframe<...> codecs are not supported on the page pool yet");
+  /// One sequence's storage (pool/evicting_store.hpp).
+  using store_type = pool_detail::PagedEvictStore<codec_hook, sink_tokens, residual_tokens>;
+
+  /// Creates a pool: the page arena (PoolConfig::byte_budget), room for max_sequences handles.
+  /// Errc::invalid_argument: a bad shape or an eviction budget it cannot hold (as KVCache::create),
+  /// max_sequences < 1, max_rollback_tokens < 0 (unused: no rollback), a budget below one page;
+  /// Errc::capacity_exceeded when the arena cannot be allocated.
+  [[nodiscard]] static Result<EvictingPagedCache> create(const PoolConfig& cfg) {
+    if (Status s = validate_shape(cfg.shape, codec_hook::K::row_group, codec_hook::V::row_group); !s) return s.error();
+    if (Status s = eviction_hook::check(cfg.shape); !s) return s.error();
+    if (cfg.max_sequences < 1 || cfg.max_rollback_tokens < 0)
+      return fail(Errc::invalid_argument, "PagedCache::create: max_sequences must be >= 1 and max_rollback_tokens >= 0");
+    auto st = std::make_unique<State>();
+    st->cfg = cfg;
+    st->layout = make_block_layout<typename codec_hook::key_codec, typename codec_hook::value_codec, false>(
+        block_tokens, cfg.shape.head_dim);
+    auto pool = PagePool::create(st->layout.bytes, cfg.byte_budget, codec_hook::header(cfg.shape.head_dim));
+    if (!pool) return pool.error();
+    st->pool = std::move(pool.value());
+    st->slots = std::make_unique<Slot[]>(static_cast<std::size_t>(cfg.max_sequences));
+    for (int i = cfg.max_sequences - 1; i >= 0; --i) st->free_slots.push_back(static_cast<std::uint32_t>(i));
+    return Result<EvictingPagedCache>(EvictingPagedCache(std::move(st)));
+  }
+
+  /// Moves the pool (sequences, pages); the moved-from one answers every call with invalid_argument.
+  EvictingPagedCache(EvictingPagedCache&&) noexcept = default;
+  EvictingPagedCache& operator=(EvictingPagedCache&&) noexcept = default;
+  ~EvictingPagedCache() = default;  // State releases and zeroes everything
+
+  /// A new empty sequence. Errc::capacity_exceeded when max_sequences are live.
+  [[nodiscard]] Result<SeqId> create_sequence() {
+    if (!st_) return moved("create_sequence");
+    return st_->open("create_sequence");
+  }
+  /// A new sequence equal to `parent`: its pages shared (copy-on-write), its fp32 rows, slot
+  /// bookkeeping, scores and eviction state (hook) copied, so each side then evicts by its own
+  /// history. Errors: stale handle (invalid_argument), max_sequences live (capacity_exceeded).
+  [[nodiscard]] Result<SeqId> fork(SeqId parent) {
+    auto p = find(parent, "fork");
+    if (!p) return p.error();
+    auto id = st_->open("fork");
+    if (!id) return id;
+    Seq& c = *st_->slots[id->index].seq;
+    c.store.share_from((*p)->store);
+    c.hook = (*p)->hook;
+    return id;
+  }
+  /// Frees a sequence (pages lose a reference, rows zeroed, handle stale). Errc::invalid_argument: stale.
+  Status free_sequence(SeqId id) {
+    auto s = find(id, "free_sequence");
+    if (!s) return s.error();
+    st_->close(id.index);
+    return {};
+  }
+  /// Whether `id` names a live sequence of this pool.
+  [[nodiscard]] bool valid(SeqId id) const noexcept { return st_ && st_->live(id); }
+  /// Tokens appended to layer 0 (evicted ones included). Errc::invalid_argument: stale handle.
+  [[nodiscard]] Result<std::int64_t> length(SeqId id) const { return tokens(id, 0); }
+  /// Tokens appended to `layer` (evicted ones included). Errc::invalid_argument: stale handle, bad layer.
+  [[nodiscard]] Result<std::int64_t> tokens(SeqId id, int layer) const {
+    auto s = find(id, "tokens");
+    if (!s) return s.error();
+    if (Status c = check_layer("tokens", layer); !c) return c.error();
+    return (*s)->store.layer(layer).total;
+  }
+  /// Tokens KV head `kv_head` of `layer` holds now (sinks + live slots + pending), as
+  /// KVCache::held_tokens. Errc::invalid_argument: stale handle, indices out of range.
+  [[nodiscard]] Result<std::int64_t> held_tokens(SeqId id, int layer, int kv_head) const {
+    auto s = find(id, "held_tokens");
+    if (!s) return s.error();
+    if (Status c = check_head("held_tokens", layer, kv_head); !c) return c.error();
+    const auto& L = (*s)->store.layer(layer);
+    return L.sinks_held + L.heads[static_cast<std::size_t>(kv_head)].live + L.pend.size();
+  }
+  /// The sequence's eviction budget in tokens per (layer, KV head), as KVCache::eviction_budget.
+  [[nodiscard]] Result<std::int64_t> eviction_budget(SeqId id) const {
+    auto s = find(id, "eviction_budget");
+    if (!s) return s.error();
+    return (*s)->hook.budget();
+  }
+
+  /// Rollback is not available with eviction: always Errc::unsupported for a live sequence
+  /// (Errc::invalid_argument for a stale one), nothing changed. Eviction may already have dropped
+  /// tokens older than the cut (slots zeroed and reused) and folded the dropped tokens' attention
+  /// into the survivors' scores and the policy state, so the state before them cannot be rebuilt.
+  Status truncate(SeqId id, std::int64_t new_length) {
+    auto s = find(id, "truncate");
+    if (!s) return s.error();
+    return fail(Errc::unsupported, "truncate to " + std::to_string(new_length) +
+                                       ": not available with an eviction policy (eviction already dropped tokens and "
+                                       "folded attention into scores, which cannot be undone)");
+  }
+
+  /// Appends n = positions.size() tokens to `layer`, as KVCache::append (k, v: [n][kv_heads][head_dim]
+  /// float32, keys post-RoPE; positions [n]): the policy's before_append (SnapKV compresses the
+  /// prompt on the first single-token append), the lazy commit of the previous chunk with eviction,
+  /// the push, the budget enforced. Pages: every page the append may need (a copy of each shared
+  /// page of the layer, the slots' growth, SnapKV's compaction) is taken first, all or none.
+  /// Errors, with nothing changed: stale handle, bad layer, wrong sizes, a negative position
+  /// (Errc::invalid_argument); more than max_tokens held after eviction, more than 2^31 - 1 seen,
+  /// or the page pool short of pages (Errc::capacity_exceeded, naming pages needed and free);
+  /// NaN/Inf (Errc::non_finite); SnapKV's prompt never attended (Errc::invalid_argument). n = 0: no-op.
+  Status append(SeqId id, int layer, std::span<const float> k, std::span<const float> v,
+                std::span<const std::int32_t> positions) {
+    auto s = find(id, "append");
+    if (!s) return s.error();
+    if (Status c = check_layer("append", layer); !c) return c;
+    Seq& q = **s;
+    auto& L = q.store.layer(layer);
+    const auto n = static_cast<std::int64_t>(positions.size());
+    const std::string at = "append: layer " + std::to_string(layer);
+    if (k.size() != static_cast<std::size_t>(n) * q.store.row_floats() || v.size() != k.size())
+      return fail(Errc::invalid_argument, at + ": k has " + std::to_string(k.size()) + " and v " + std::to_string(v.size()) +
+                                              " floats; expected n_tokens * kv_heads * head_dim");
+    if (n == 0) return {};
+    if (const std::int64_t bound = q.hook.held_after(q.store, layer, n); bound > shape().max_tokens)
+      return fail(Errc::capacity_exceeded, at + ": " + std::to_string(n) + " more tokens (up to " + std::to_string(bound) +
+                                               " held after eviction) exceed max_tokens = " + std::to_string(shape().max_tokens));
+    if (L.total + n > std::numeric_limits<std::int32_t>::max())
+      return fail(Errc::capacity_exceeded, at + " has seen " + std::to_string(L.total) + " tokens; cache indices are int32");
+    for (std::size_t t = 0; t < positions.size(); ++t)
+      if (positions[t] < 0) return fail(Errc::invalid_argument, at + ": negative position at token " + std::to_string(t));
+    if (Status c = cache_detail::check_finite_rows(shape(), layer, L.total, k, "K"); !c) return c;
+    if (Status c = cache_detail::check_finite_rows(shape(), layer, L.total, v, "V"); !c) return c;
+    return with_pages(q, layer, n == 1 && compresses, "append", [&]() -> Status {
+      if (Status b = q.hook.before_append(q.store, q.ws, layer, n); !b) return b;  // fails before any change
+      q.store.commit(layer, q.hook);  // lazy commit: blocks only hold tokens older than the current chunk
+      q.store.push(L, k, v, positions);
+      for (int h = 0; h < shape().kv_heads; ++h) q.hook.enforce(q.store, layer, h, L.pend.size());
+      return {};
+    });
+  }
+
+  /// SnapKV only: compresses `layer`'s prompt now (KVCache::compress_prompt), taking the pages it
+  /// may need first. Errors: stale handle, bad layer, already compressed or never attended
+  /// (Errc::invalid_argument); the pool short of pages (Errc::capacity_exceeded); nothing changed.
+  Status compress_prompt(SeqId id, int layer)
+    requires requires(eviction_hook& e, store_type& st, Workspace& w) { e.compress_prompt(st, w, 0); }
+  {
+    auto s = find(id, "compress_prompt");
+    if (!s) return s.error();
+    if (Status c = check_layer("compress_prompt", layer); !c) return c;
+    Seq& q = **s;
+    return with_pages(q, layer, true, "compress_prompt", [&] { return q.hook.compress_prompt(q.store, q.ws, layer); });
+  }
+
+  /// Attention of the last n_q tokens appended to `layer` over everything the sequence holds, as
+  /// KVCache::attend (same kernel and segments: bit-identical on the same backend), then the
+  /// policy's scores: the kernel's key mass (H2O, TOVA, SnapKV FixedBudget) and the queries
+  /// (SnapKV's observation window), credited only when every output is finite.
+  /// q, out: [n_q][q_heads][head_dim]; scratch in `ws`. Errors as KVCache::attend plus a stale
+  /// handle; on error the scores are unchanged.
+  Status attend(SeqId id, int layer, std::span<const float> q, std::span<float> out, Workspace& ws) {
+    auto s = find(id, "attend");
+    if (!s) return s.error();
+    if (Status c = check_layer("attend", layer); !c) return c;
+    if (Status c = pool_detail::check_queries(shape(), layer, (*s)->store.layer(layer).chunk_tokens, q, out, -1); !c) return c;
+    return attend_one(**s, layer, q, out, ws, -1);
+  }
+
+  /// Batched decode: one query token for each of N = seqs.size() distinct sequences, each exactly
+  /// attend() of that sequence (outputs bit-identical, scores updated the same way), W =
+  /// min(N, workspaces.size()) tasks on `exec` (task w: sequences w, w + W, ... with
+  /// workspaces[w]). Errors, checked before any kernel (out untouched, no score changed): stale
+  /// handle, a sequence named twice (its scores would race), bad layer, sizes, non-finite q,
+  /// empty workspaces; after: a non-finite output (that sequence's scores unchanged, the first
+  /// such error returned).
+  Status attend_batch(int layer, std::span<const SeqId> seqs, std::span<const float> q, std::span<float> out,
+                      const Executor& exec, std::span<Workspace> workspaces) {
+    if (!st_) return moved("attend_batch");
+    if (Status c = check_layer("attend_batch", layer); !c) return c;
+    const std::size_t N = seqs.size(), qrow = static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(shape().head_dim);
+    if (N == 0 || q.size() != N * qrow || out.size() != q.size() || workspaces.empty())
+      return fail(Errc::invalid_argument, "attend_batch: need N >= 1 sequences, q and out of N * q_heads * head_dim = " +
+                                              std::to_string(N * qrow) + " floats and at least one workspace");
+    std::vector<Seq*> S(N);
+    for (std::size_t i = 0; i < N; ++i) {
+      auto s = find(seqs[i], "attend_batch");
+      if (!s) return fail(s.error().code, s.error().message + " (sequence " + std::to_string(i) + " of the batch)");
+      S[i] = *s;
+      for (std::size_t j = 0; j < i; ++j)
+        if (S[j] == S[i])
+          return fail(Errc::invalid_argument, "attend_batch: sequence " + std::to_string(i) + " repeats sequence " +
+                                                  std::to_string(j) + " (an evicting sequence updates its scores)");
+      if (Status c = pool_detail::check_queries(shape(), layer, S[i]->store.layer(layer).chunk_tokens, q.subspan(i * qrow, qrow),
+                                                out.subspan(i * qrow, qrow), static_cast<std::int64_t>(i));
+          !c)
+        return c;
+    }
+    const int W = static_cast<int>(std::min(N, workspaces.size()));
+    std::vector<Status> res(N);
+    auto task = [&](int w) {
+      for (std::size_t i = static_cast<std::size_t>(w); i < N; i += static_cast<std::size_t>(W))
+        res[i] = attend_one(*S[i], layer, q.subspan(i * qrow, qrow), out.subspan(i * qrow, qrow),
+                            workspaces[static_cast<std::size_t>(w)], static_cast<std::int64_t>(i));
+    };
+    if (exec) exec(W, task);
+    else
+      for (int w = 0; w < W; ++w) task(w);
+    for (Status& r : res)
+      if (!r) return r;
+    return {};
+  }
+  /// Masked batches are not available with eviction (a mask by cache index over evicted tokens):
+  /// Errc::unsupported, nothing changed.
+  Status attend_batch(int, std::span<const SeqId>, std::span<const float>, const BatchMask&, std::span<float>,
+                      const Executor&, std::span<Workspace>) {
+    return fail(Errc::unsupported, "attend_batch: additive masks are not available with an eviction policy");
+  }
+
+  /// The page table of (layer, kv_head) of a sequence, oldest page first (slot s in page s / B).
+  /// Errc::invalid_argument: stale handle or indices out of range.
+  [[nodiscard]] Result<std::vector<PageView>> pages(SeqId id, int layer, int kv_head) const {
+    auto s = find(id, "pages");
+    if (!s) return s.error();
+    if (Status c = check_head("pages", layer, kv_head); !c) return c.error();
+    std::vector<PageView> v;
+    for (const std::uint32_t p : (*s)->store.layer(layer).pages[static_cast<std::size_t>(kv_head)])
+      v.push_back({p, st_->pool->data(p), st_->pool->header(p), st_->pool->refs(p)});
+    return v;
+  }
+  /// The cache index each slot of (layer, kv_head) holds (-1: free), slot order (HeadStore::slot_token).
+  /// Errc::invalid_argument: stale handle or indices out of range.
+  [[nodiscard]] Result<std::vector<std::int32_t>> slot_tokens(SeqId id, int layer, int kv_head) const {
+    auto s = find(id, "slot_tokens");
+    if (!s) return s.error();
+    if (Status c = check_head("slot_tokens", layer, kv_head); !c) return c.error();
+    return (*s)->store.layer(layer).heads[static_cast<std::size_t>(kv_head)].slot_token;
+  }
+
+  /// A snapshot of pool use (pool_types.hpp); SequenceStats::exact_bytes also counts the slot
+  /// bookkeeping (validity words, 8 bytes of cache index and score per slot, pending scores).
+  [[nodiscard]] PoolStats stats() const { return st_ ? st_->stats() : PoolStats{}; }
+  /// Bytes the pool holds: the arena, the per-page overhead, every sequence's exact_bytes.
+  [[nodiscard]] std::size_t memory_bytes() const {
+    if (!st_) return 0;
+    const PoolStats s = st_->stats();
+    return s.pages_total * s.page_bytes + s.overhead_bytes + s.exact_bytes;
+  }
+  /// The model shape, the configuration and the page payload layout (KVCache's block layout).
+  [[nodiscard]] const ModelShape& shape() const noexcept { return st_->cfg.shape; }
+  [[nodiscard]] const PoolConfig& config() const noexcept { return st_->cfg; }
+  [[nodiscard]] const BlockLayout& block_layout() const noexcept { return st_->layout; }
+
+ private:
+  static constexpr bool compresses = requires(eviction_hook& e, store_type& st, Workspace& w) { e.compress_prompt(st, w, 0); };
+  struct Seq {
+    store_type store;
+    eviction_hook hook;  // the policy's per-sequence state (budget, FIFO, observation window)
+    Workspace ws;        // scratch of the hook's own scoring (SnapKV compression); no state between calls
+    Seq(PagePool& pool, const ModelShape& shape, const BlockLayout& layout) : store(pool, shape, layout) { hook.init(shape); }
+    ~Seq() { hook.wipe(); }
+  };
+  using State = pool_detail::EvictPoolState<Seq>;
+  using Slot = typename State::Slot;
+  explicit EvictingPagedCache(std::unique_ptr<State> st) : st_(std::move(st)) {}
+
+  // Takes the pages `layer` of q may need (pages_bound), runs `op` with them, returns the rest.
+  template <class Op>
+  Status with_pages(Seq& q, int layer, bool compacts, const char* what, Op&& op) {
+    std::vector<std::uint32_t> spare;
+    const std::size_t need = q.store.pages_bound(layer, q.store.layer(layer).pend.size(), compacts);
+    if (Status t = st_->pool->take(need, spare, what); !t) return t;
+    std::reverse(spare.begin(), spare.end());  // popped from the back: new pages ascend in memory
+    q.store.set_spare(&spare);
+    const Status r = op();
+    q.store.set_spare(nullptr);
+    for (const std::uint32_t p : spare) st_->pool->release(p);
+    return r;
+  }
+  // One sequence's attention and score update (KVCache::attend's serial loop); i: its batch index or -1.
+  Status attend_one(Seq& s, int layer, std::span<const float> q, std::span<float> out, Workspace& ws, std::int64_t i) {
+    const int D = shape().head_dim, group = shape().q_heads / shape().kv_heads;
+    const auto& L = s.store.layer(layer);
+    const auto n_q = static_cast<std::int64_t>(q.size() / (static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(D)));
+    ws.head_mass.resize(static_cast<std::size_t>(shape().kv_heads));
+    for (int h = 0; h < shape().kv_heads; ++h) {
+      const std::int64_t at = static_cast<std::int64_t>(h) * group * D;
+      kernels::AttendArgs a = s.store.args_for(L, q.data() + at, out.data() + at, n_q, group);
+      const kernels::HeadSegments seg = s.store.segments(layer, h, s.hook, 0, ws.refs);
+      if constexpr (eviction_hook::wants_mass) {
+        std::vector<float>& m = ws.head_mass[static_cast<std::size_t>(h)];
+        m.assign(static_cast<std::size_t>(s.store.ordinals(seg)), 0.f);
+        a.key_mass = m.data();
+      }
+      codec_hook::attend(a, seg, s.store.layout(), ws.scratch);
+    }
+    if (Status c = pool_detail::check_output(shape(), layer, out, i); !c) return c;  // scores untouched
+    if constexpr (eviction_hook::wants_mass)
+      for (int h = 0; h < shape().kv_heads; ++h)
+        s.hook.on_mass(s.store, layer, h, s.store.segments(layer, h, s.hook, 0, ws.refs), ws.head_mass[static_cast<std::size_t>(h)]);
+    s.hook.on_queries(s.store, layer, q, n_q);
+    return {};
+  }
+
+  static Error moved(const char* what) { return fail(Errc::invalid_argument, std::string(what) + ": moved-from PagedCache"); }
+  [[nodiscard]] Result<Seq*> find(SeqId id, const char* what) const {
+    if (!st_) return moved(what);
+    if (!st_->live(id))
+      return fail(Errc::invalid_argument, std::string(what) + ": sequence handle {" + std::to_string(id.index) + ", " +
+                                              std::to_string(id.generation) + "} is not live (freed, stale or never created)");
+    return st_->slots[id.index].seq.get();
+  }
+  [[nodiscard]] Status check_layer(const char* what, int layer) const {
+    if (layer >= 0 && layer < shape().layers) return {};
+    return fail(Errc::invalid_argument, std::string(what) + ": layer " + std::to_string(layer) + " out of range [0, " +
+                                            std::to_string(shape().layers) + ")");
+  }
+  [[nodiscard]] Status check_head(const char* what, int layer, int kv_head) const {
+    if (layer >= 0 && layer < shape().layers && kv_head >= 0 && kv_head < shape().kv_heads) return {};
+    return fail(Errc::invalid_argument, std::string(what) + ": layer or kv_head out of range");
+  }
+
+  std::unique_ptr<State> st_;
+};
+
+}  // namespace kvpack

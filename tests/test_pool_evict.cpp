@@ -1,0 +1,347 @@
+// PagedCache with token-level eviction (pool/paged_eviction.hpp): a pool sequence fed the same
+// appends and attends as a KVCache of the same policies holds the same pages (codes, positions,
+// counts) and tokens, and attends bit-identically, at prompts of 1, 31, 33, 95 and 200 tokens
+// (beyond every budget), two layers, GQA 6:2, for SinkWindow, H2O, SnapKV, TOVA and two
+// Protocol<P, FixedBudget> forms. Fork then evict on either side: each side equals a solo KVCache
+// of its own history, the other side's pages stay untouched. Exhaustion during a copy-on-write copy, truncate (unsupported), batched decode.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+#include <vector>
+
+#include "kvpack/executor.hpp"
+#include "support/pool_twin.hpp"
+
+namespace pool_evict_test {
+
+using namespace kvpack;  // NOLINT: test file
+
+using SW = std::tuple<Keys<Int4<>>, Values<Int4<>>, Residual<4>, Blocks<16>, SinkWindow<4, 40>>;
+using HH = std::tuple<Keys<Int8<>>, Values<Int4<>>, Sinks<2>, Blocks<16>, H2O<16, 16, 2>>;
+using Snap = std::tuple<Keys<Int4<>>, Values<Int4<>>, Blocks<16>, SnapKV<24, 8, 3>>;
+using Tova = std::tuple<Keys<Int4<>>, Values<Int8<>>, Blocks<32>, TOVA<40, 2>>;
+// Protocol forms: budgets resolved against the prompt; SnapKV then evicts continuously by its mass.
+using ProtoSK = std::tuple<Keys<Int8<>>, Values<Int4<>>, Blocks<16>, Protocol<SnapKVBudget<Fraction<1, 2>, 8, 3>, FixedBudget>>;
+using ProtoHH = std::tuple<Keys<Int4<>>, Values<Int4<>>, Residual<2>, Blocks<16>, Protocol<H2OBudget<Fraction<1, 2>, 2>, FixedBudget>>;
+
+template <class T>
+struct Types;
+template <class... P>
+struct Types<std::tuple<P...>> {
+  using pool = PagedCache<P...>;
+  using cache = KVCache<P...>;
+};
+
+const ModelShape kShape{.layers = 2, .q_heads = 6, .kv_heads = 2, .head_dim = 64, .max_tokens = 4096};
+constexpr std::size_t kRow = 2 * 64, kQRow = 6 * 64;
+
+/// One step of a history: n tokens appended to every layer, then the last min(n, 8) attended in
+/// every layer (what feeds H2O/TOVA mass and SnapKV's observation window); data from `seed`.
+struct Step {
+  int n;
+  std::uint32_t seed;
+};
+std::vector<Step> steps(int prompt, int decode, std::uint32_t seed) {
+  std::vector<Step> s{{prompt, seed}};
+  for (int i = 0; i < decode; ++i) s.push_back({1, seed + 1 + static_cast<std::uint32_t>(i)});
+  return s;
+}
+
+/// Feeds one step to a pool sequence and a KVCache; expects equal attention bits, pages and held
+/// tokens after it.
+template <class Pool, class Cache>
+void feed(Pool& pool, SeqId id, Cache& cache, const Step& s) {
+  const std::int64_t first = cache.tokens(0);
+  for (int l = 0; l < kShape.layers; ++l) {
+    const auto k = kvtest::normal(static_cast<std::size_t>(s.n) * kRow, s.seed * 16 + 2 * l);
+    const auto v = kvtest::normal(static_cast<std::size_t>(s.n) * kRow, s.seed * 16 + 2 * l + 1);
+    const auto pos = kvtest::iota_positions(first, s.n);
+    auto a = pool.append(id, l, k, v, pos);
+    ASSERT_TRUE(a) << a.error().message;
+    ASSERT_TRUE(cache.append(l, k, v, pos));
+  }
+  Workspace ws;
+  for (int l = 0; l < kShape.layers; ++l) {
+    const int n_q = std::min(s.n, 8);
+    const auto q = kvtest::normal(static_cast<std::size_t>(n_q) * kQRow, s.seed * 16 + 8 + l);
+    std::vector<float> got(q.size()), want(q.size());
+    ASSERT_TRUE(pool.attend(id, l, q, got, ws));
+    ASSERT_TRUE(cache.attend(l, q, want));
+    EXPECT_TRUE(kvtest::same_bits(got, want)) << "layer " << l << " at " << cache.tokens(0) << " tokens";
+  }
+  for (int l = 0; l < kShape.layers; ++l)
+    for (int h = 0; h < kShape.kv_heads; ++h) {
+      kvtest::expect_same_pages(pool, id, cache, l, h);
+      EXPECT_EQ(*pool.held_tokens(id, l, h), cache.held_tokens(l, h)) << "layer " << l << " head " << h;
+    }
+}
+
+template <class Pool>
+Pool make_pool(std::size_t budget = std::size_t{1} << 22, int max_seq = 4) {
+  auto p = Pool::create({.shape = kShape, .byte_budget = budget, .max_sequences = max_seq});
+  EXPECT_TRUE(p) << (p ? "" : p.error().message);
+  return std::move(p).value();
+}
+template <class Cache>
+Cache make_cache() {
+  auto c = Cache::create(kShape);
+  EXPECT_TRUE(c);
+  return std::move(c).value();
+}
+// A KVCache fed `hist` (the solo run a pool sequence is compared with), checked against the pool.
+template <class Pool, class Cache>
+void replay(Pool& pool, SeqId id, Cache& cache, const std::vector<Step>& hist) {
+  for (const Step& s : hist) {
+    feed(pool, id, cache, s);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+// Every page byte of a sequence (all layers and heads), to check that it does not change.
+template <class Pool>
+std::vector<std::byte> snapshot(const Pool& pool, SeqId id) {
+  std::vector<std::byte> out;
+  for (int l = 0; l < kShape.layers; ++l)
+    for (int h = 0; h < kShape.kv_heads; ++h) {
+      const auto pages = pool.pages(id, l, h);
+      for (const PageView& p : *pages) out.insert(out.end(), p.data, p.data + pool.block_layout().bytes);
+    }
+  return out;
+}
+
+template <class T>
+class PoolEvict : public ::testing::Test {};
+using Configs = ::testing::Types<SW, HH, Snap, Tova, ProtoSK, ProtoHH>;
+TYPED_TEST_SUITE(PoolEvict, Configs);
+
+TYPED_TEST(PoolEvict, EqualsKVCacheBitForBit) {
+  using Pool = typename Types<TypeParam>::pool;
+  using Cache = typename Types<TypeParam>::cache;
+  for (int prompt : {1, 31, 33, 95, 200}) {
+    Pool pool = make_pool<Pool>();
+    Cache cache = make_cache<Cache>();
+    const SeqId id = *pool.create_sequence();
+    replay(pool, id, cache, steps(prompt, 30, 1000u * static_cast<std::uint32_t>(prompt)));
+    EXPECT_EQ(*pool.eviction_budget(id), cache.eviction_budget());
+    if (prompt == 200) {
+      EXPECT_LT(*pool.held_tokens(id, 0, 0), 200);  // eviction happened
+    }
+    ASSERT_TRUE(pool.free_sequence(id));
+    EXPECT_EQ(pool.stats().pages_free, pool.stats().pages_total);
+  }
+}
+
+TYPED_TEST(PoolEvict, ForkThenEvictOnEitherSide) {
+  using Pool = typename Types<TypeParam>::pool;
+  using Cache = typename Types<TypeParam>::cache;
+  Pool pool = make_pool<Pool>();
+  const std::size_t free0 = pool.stats().pages_free;
+  const auto A = steps(95, 3, 1);
+  const auto X = steps(1, 25, 500), Y = steps(1, 25, 900), Z = steps(1, 10, 700);
+  Cache parent_solo = make_cache<Cache>(), child_solo = make_cache<Cache>();
+  const SeqId parent = *pool.create_sequence();
+  replay(pool, parent, parent_solo, A);
+  {  // the child's solo run needs A too (its scores and policy state are the parent's at the fork)
+    Pool scratch = make_pool<Pool>();
+    const SeqId s = *scratch.create_sequence();
+    replay(scratch, s, child_solo, A);
+  }
+  const SeqId child = *pool.fork(parent);
+  EXPECT_GT(pool.stats().pages_shared, 0u);
+  const auto parent_pages = snapshot(pool, parent);
+  replay(pool, child, child_solo, X);  // child evicts: copies shared pages first
+  EXPECT_EQ(snapshot(pool, parent), parent_pages) << "the child's eviction changed the parent's pages";
+  const auto child_pages = snapshot(pool, child);
+  replay(pool, parent, parent_solo, Y);  // then the parent
+  EXPECT_EQ(snapshot(pool, child), child_pages) << "the parent's eviction changed the child's pages";
+  replay(pool, child, child_solo, Z);  // and the child again, after the parent moved on
+  const PoolStats st = pool.stats();
+  EXPECT_EQ(st.sequences.size(), 2u);
+  EXPECT_GT(st.exact_bytes, 0u);
+  EXPECT_EQ(pool.memory_bytes(), st.pages_total * st.page_bytes + st.overhead_bytes + st.exact_bytes);
+  ASSERT_TRUE(pool.free_sequence(parent));
+  ASSERT_TRUE(pool.free_sequence(child));
+  EXPECT_EQ(pool.stats().pages_free, free0);
+}
+
+// Fork between two prompt chunks (pages already hold the first chunk): the first decode then
+// compresses (SnapKV: drops and compaction over shared pages) or evicts on each side in turn.
+template <class Pool, class Cache>
+void fork_during_prefill() {
+  Pool pool = make_pool<Pool>();
+  const std::vector<Step> A{{60, 5}, {35, 6}};
+  Cache parent_solo = make_cache<Cache>(), child_solo = make_cache<Cache>();
+  const SeqId parent = *pool.create_sequence();
+  replay(pool, parent, parent_solo, A);
+  {
+    Pool scratch = make_pool<Pool>();
+    replay(scratch, *scratch.create_sequence(), child_solo, A);
+  }
+  const SeqId child = *pool.fork(parent);
+  EXPECT_GT(pool.stats().pages_shared, 0u);
+  const auto parent_pages = snapshot(pool, parent);
+  replay(pool, child, child_solo, steps(1, 12, 50));
+  EXPECT_EQ(snapshot(pool, parent), parent_pages) << "the child's compression changed the parent's pages";
+  const auto child_pages = snapshot(pool, child);
+  replay(pool, parent, parent_solo, steps(1, 12, 80));
+  EXPECT_EQ(snapshot(pool, child), child_pages) << "the parent's compression changed the child's pages";
+}
+TYPED_TEST(PoolEvict, ForkDuringPrefillThenCompressOnEitherSide) {
+  fork_during_prefill<typename Types<TypeParam>::pool, typename Types<TypeParam>::cache>();
+}
+// SnapKV keeping 88 of 95 prompt tokens: most pages lose no token, so compaction drops its
+// reference to pages still shared with the other side without copying them (they must survive).
+TEST(PoolEvictSnapKV, CompactionKeepsPagesSharedWithTheOtherSide) {
+  using P = Types<std::tuple<Keys<Int4<>>, Values<Int4<>>, Blocks<16>, SnapKV<80, 8, 1>>>;
+  fork_during_prefill<P::pool, P::cache>();
+}
+
+TYPED_TEST(PoolEvict, ForkThenAttendOnlyChangesOneSide) {
+  using Pool = typename Types<TypeParam>::pool;
+  using Cache = typename Types<TypeParam>::cache;
+  Pool pool = make_pool<Pool>();
+  const auto A = steps(60, 2, 3);
+  Cache parent_solo = make_cache<Cache>();
+  const SeqId parent = *pool.create_sequence();
+  replay(pool, parent, parent_solo, A);
+  const SeqId child = *pool.fork(parent);
+  Workspace ws;
+  for (int i = 0; i < 3; ++i) {  // the child attends (changing its scores) without appending
+    const auto q = kvtest::normal(kQRow, 77 + static_cast<std::uint32_t>(i));
+    std::vector<float> out(q.size());
+    ASSERT_TRUE(pool.attend(child, 0, q, out, ws));
+  }
+  replay(pool, parent, parent_solo, steps(1, 20, 40));  // the parent still equals its solo run
+}
+
+// Feeds `hist` without checks; false when an append fails (the pool is too small).
+template <class Pool>
+bool try_feed(Pool& pool, SeqId id, const std::vector<Step>& hist) {
+  for (const Step& s : hist) {
+    const std::int64_t first = *pool.length(id);
+    for (int l = 0; l < kShape.layers; ++l) {
+      const auto k = kvtest::normal(static_cast<std::size_t>(s.n) * kRow, s.seed * 16 + 2 * l);
+      const auto v = kvtest::normal(static_cast<std::size_t>(s.n) * kRow, s.seed * 16 + 2 * l + 1);
+      if (!pool.append(id, l, k, v, kvtest::iota_positions(first, s.n))) return false;
+    }
+    Workspace ws;
+    for (int l = 0; l < kShape.layers; ++l) {
+      const int n_q = std::min(s.n, 8);
+      const auto q = kvtest::normal(static_cast<std::size_t>(n_q) * kQRow, s.seed * 16 + 8 + l);
+      std::vector<float> out(q.size());
+      if (!pool.attend(id, l, q, out, ws)) return false;
+    }
+  }
+  return true;
+}
+
+TYPED_TEST(PoolEvict, ExhaustionDuringCopyOnWriteChangesNothing) {
+  using Pool = typename Types<TypeParam>::pool;
+  using Cache = typename Types<TypeParam>::cache;
+  const auto A = steps(95, 3, 11);
+  std::size_t page_bytes = 0;
+  {
+    Pool big = make_pool<Pool>();
+    page_bytes = big.stats().page_bytes;
+  }
+  std::size_t pages = 1;  // the smallest pool A runs in: after it, (almost) no page is free
+  for (;; ++pages) {
+    ASSERT_LT(pages, 200u);
+    Pool p = make_pool<Pool>(pages * page_bytes);
+    if (try_feed(p, *p.create_sequence(), A)) break;
+  }
+  Pool pool = make_pool<Pool>(pages * page_bytes, 8);
+  Cache parent_solo = make_cache<Cache>(), child_solo = make_cache<Cache>();
+  const SeqId parent = *pool.create_sequence();
+  replay(pool, parent, parent_solo, A);
+  {
+    Pool scratch = make_pool<Pool>();
+    replay(scratch, *scratch.create_sequence(), child_solo, A);
+  }
+  const SeqId child = *pool.fork(parent);
+  std::vector<SeqId> hogs;  // other sequences take the free pages, one token at a time
+  for (int h = 0; h < 6 && pool.stats().pages_free > 0; ++h) {
+    hogs.push_back(*pool.create_sequence());
+    for (int t = 0; t < 300 && pool.stats().pages_free > 0; ++t)
+      if (!try_feed(pool, hogs.back(), {{1, 4000u + 300u * static_cast<std::uint32_t>(h) + static_cast<std::uint32_t>(t)}})) break;
+  }
+  const auto before = snapshot(pool, child);
+  const PoolStats s0 = pool.stats();
+  ASSERT_LT(s0.pages_free, s0.pages_shared / 2) << "the pool must be too small to copy layer 0's shared pages";
+  const auto k = kvtest::normal(kRow, 5), v = kvtest::normal(kRow, 6);
+  auto st = pool.append(child, 0, k, v, kvtest::iota_positions(*pool.length(child), 1));
+  ASSERT_FALSE(st);
+  EXPECT_EQ(st.error().code, Errc::capacity_exceeded) << st.error().message;
+  EXPECT_NE(st.error().message.find("pages needed"), std::string::npos) << st.error().message;
+  EXPECT_EQ(snapshot(pool, child), before);
+  EXPECT_EQ(pool.stats().pages_free, s0.pages_free);
+  EXPECT_EQ(*pool.tokens(child, 0), *pool.tokens(parent, 0));
+  ASSERT_TRUE(pool.free_sequence(parent));  // the child's pages are its own now: it goes on as its solo run
+  for (const SeqId h : hogs) ASSERT_TRUE(pool.free_sequence(h));
+  replay(pool, child, child_solo, steps(1, 20, 300));
+  ASSERT_TRUE(pool.free_sequence(child));
+  EXPECT_EQ(pool.stats().pages_free, pool.stats().pages_total);
+}
+
+TYPED_TEST(PoolEvict, TruncateIsUnsupportedAndChangesNothing) {
+  using Pool = typename Types<TypeParam>::pool;
+  using Cache = typename Types<TypeParam>::cache;
+  Pool pool = make_pool<Pool>();
+  Cache solo = make_cache<Cache>();
+  const SeqId id = *pool.create_sequence();
+  replay(pool, id, solo, steps(50, 2, 21));
+  auto st = pool.truncate(id, 49);
+  ASSERT_FALSE(st);
+  EXPECT_EQ(st.error().code, Errc::unsupported);
+  EXPECT_NE(st.error().message.find("eviction"), std::string::npos) << st.error().message;
+  replay(pool, id, solo, steps(1, 10, 60));  // unchanged: still its solo run
+}
+
+TYPED_TEST(PoolEvict, BatchEqualsPerSequenceAttend) {
+  using Pool = typename Types<TypeParam>::pool;
+  Pool a = make_pool<Pool>(), b = make_pool<Pool>();
+  std::vector<SeqId> sa, sb;
+  for (int prompt : {1, 33, 95}) {  // sequences of different lengths and states
+    for (auto* p : {&a, &b}) {
+      const SeqId s = *p->create_sequence();
+      for (int l = 0; l < kShape.layers; ++l) {
+        const auto k = kvtest::normal(static_cast<std::size_t>(prompt) * kRow, 10u * static_cast<std::uint32_t>(prompt) + l);
+        ASSERT_TRUE(p->append(s, l, k, k, kvtest::iota_positions(0, prompt)));
+        Workspace ws;
+        std::vector<float> q = kvtest::normal(kQRow, 3u + static_cast<std::uint32_t>(l)), out(kQRow);
+        ASSERT_TRUE(p->attend(s, l, q, out, ws));
+      }
+      (p == &a ? sa : sb).push_back(s);
+    }
+  }
+  for (auto* p : {&a, &b}) (p == &a ? sa : sb).push_back(*p->fork((p == &a ? sa : sb)[2]));  // and a fork
+  std::vector<Workspace> ws(2);
+  const Executor exec = thread_executor(2);
+  for (int step = 0; step < 30; ++step)
+    for (int l = 0; l < kShape.layers; ++l) {
+      for (std::size_t i = 0; i < sa.size(); ++i) {
+        const auto k = kvtest::normal(kRow, 7000u + 100u * static_cast<std::uint32_t>(step) + 10u * static_cast<std::uint32_t>(i) + l);
+        const auto pos = kvtest::iota_positions(*a.tokens(sa[i], l), 1);
+        ASSERT_TRUE(a.append(sa[i], l, k, k, pos));
+        ASSERT_TRUE(b.append(sb[i], l, k, k, pos));
+      }
+      const auto q = kvtest::normal(sa.size() * kQRow, 9000u + static_cast<std::uint32_t>(step * 2 + l));
+      std::vector<float> got(q.size()), want(q.size());
+      ASSERT_TRUE(a.attend_batch(l, sa, q, got, exec, ws));
+      for (std::size_t i = 0; i < sb.size(); ++i) {
+        std::vector<float> qi(q.begin() + static_cast<std::ptrdiff_t>(i * kQRow), q.begin() + static_cast<std::ptrdiff_t>((i + 1) * kQRow)), oi(kQRow);
+        ASSERT_TRUE(b.attend(sb[i], l, qi, oi, ws[0]));
+        std::copy(oi.begin(), oi.end(), want.begin() + static_cast<std::ptrdiff_t>(i * kQRow));
+      }
+      EXPECT_TRUE(kvtest::same_bits(got, want)) << "step " << step << " layer " << l;
+    }
+  for (std::size_t i = 0; i < sa.size(); ++i) kvtest::expect_same_pages(a, sa[i], b, sb[i]);
+  const std::vector<SeqId> twice{sa[0], sa[0]};
+  std::vector<float> q(2 * kQRow, 0.5f), out(q.size());
+  auto st = a.attend_batch(0, twice, q, out, exec, ws);
+  ASSERT_FALSE(st);
+  EXPECT_EQ(st.error().code, Errc::invalid_argument);
+}
+
+}  // namespace pool_evict_test
