@@ -1,6 +1,8 @@
 // Many threads decode different sequences of one PagedCache at once (append + attend, forks and
 // frees of their own sequences, pages taken and released concurrently), each with its own
-// Workspace; results equal a serial run bit for bit. Run under ThreadSanitizer (label tsan).
+// Workspace; results equal a serial run bit for bit. Also with eviction (H2O, SinkWindow): each
+// sequence's scores and policy state are its own, its pages copied before a shared one changes.
+// Run under ThreadSanitizer (label tsan).
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -12,12 +14,16 @@ namespace pool_threads_test {
 
 using namespace kvpack;  // NOLINT: test file
 
-using Pool = PagedCache<Keys<Int4<>>, Values<Int4<>>, Residual<8>, Blocks<32>>;
+using ResidualPool = PagedCache<Keys<Int4<>>, Values<Int4<>>, Residual<8>, Blocks<32>>;
+using H2OPool = PagedCache<Keys<Int8<>>, Values<Int4<>>, H2O<16, 16, 4>, Blocks<32>>;  // holds 36 tokens
+using SinkWindowPool = PagedCache<Keys<Int4<>>, Values<Int4<>>, SinkWindow<4, 28>, Blocks<32>>;
 const ModelShape kShape{.layers = 2, .q_heads = 4, .kv_heads = 2, .head_dim = 32, .max_tokens = 1024};
 const std::size_t kRow = 2 * 32, kQRow = 4 * 32;
 constexpr int kThreads = 6, kSteps = 70;
 
 // Sequence s decodes kSteps tokens after a prompt of 20 + 7 s; returns the outputs of every step.
+// (The evicting pools hold 32-36 tokens: every sequence evicts, before and after its fork.)
+template <class Pool>
 std::vector<float> run(Pool& pool, int s, bool fork_midway) {
   std::vector<float> outs;
   Workspace ws;
@@ -48,7 +54,13 @@ std::vector<float> run(Pool& pool, int s, bool fork_midway) {
   return outs;
 }
 
-TEST(PoolThreads, ConcurrentDecodeOfDifferentSequencesEqualsSerial) {
+template <class Pool>
+class PoolThreads : public ::testing::Test {};
+using Pools = ::testing::Types<ResidualPool, H2OPool, SinkWindowPool>;
+TYPED_TEST_SUITE(PoolThreads, Pools);
+
+TYPED_TEST(PoolThreads, ConcurrentDecodeOfDifferentSequencesEqualsSerial) {
+  using Pool = TypeParam;
   auto make = [] {
     return Pool::create({.shape = kShape, .byte_budget = 1 << 22, .max_sequences = 2 * kThreads}).value();
   };
@@ -64,7 +76,10 @@ TEST(PoolThreads, ConcurrentDecodeOfDifferentSequencesEqualsSerial) {
   EXPECT_EQ(shared.stats().pages_used, 0u);
 }
 
-TEST(PoolThreads, BatchedDecodeOnThreadsWhileOtherSequencesAppend) {
+// Attends change no output until the next append (eviction scores only count then), so every
+// repeated batch equals the first, evicting or not.
+TYPED_TEST(PoolThreads, BatchedDecodeOnThreadsWhileOtherSequencesAppend) {
+  using Pool = TypeParam;
   auto pool = Pool::create({.shape = kShape, .byte_budget = 1 << 22, .max_sequences = 16}).value();
   std::vector<SeqId> batch;
   for (int i = 0; i < 8; ++i) {

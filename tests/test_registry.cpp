@@ -107,6 +107,11 @@ TEST(Registry, PolicyListMatchesTheTable) {
     // Token-level eviction (sink-window, h2o, snapkv) is pool-capable; block-sparse and keyframes are not.
     const bool rejected = p.name.find("sparse") != std::string::npos || p.name.find("kf64") != std::string::npos;
     EXPECT_EQ(p.pool_capable, !rejected) << p.name;
+    // Eviction names: sink-window, h2o, snapkv, tova, block-sparse (with or without a codec prefix).
+    bool evicting = false;
+    for (const char* e : {"sink-window", "h2o", "snapkv", "tova", "block-sparse"})
+      evicting = evicting || p.name.find(e) != std::string::npos;
+    EXPECT_EQ(p.evicts, evicting) << p.name;
   }
 }
 

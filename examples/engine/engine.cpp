@@ -86,6 +86,13 @@ int main(int argc, char** argv) {
   app.add_option("--pool-mb", o.pool_mb, "page pool budget, MiB")->capture_default_str()->check(CLI::Range(1, 1 << 16));
   app.add_option("--json", o.json, "write the JSON summary here");
   CLI11_PARSE(app, argc, argv);
+  // The speculative request rolls back with truncate and the prefix is shared through the prefix
+  // cache: neither exists for an evicting pool, so say so now rather than mid-run.
+  for (const kvpack::registry::PolicyInfo& p : kvpack::registry::policies())
+    if (p.evicts && (p.name == o.policy || p.name == o.draft_policy))
+      return std::fprintf(stderr, "kvpack-engine: %s evicts tokens; this engine needs truncate and the prefix cache, "
+                                  "which an evicting pool does not offer: choose a policy without eviction\n",
+                          p.name.c_str()), 2;
 
   auto file = take(kl::GgufFile::open(o.model), "model");
   auto model = take(kl::Model::from_gguf(file, o.model), "model");

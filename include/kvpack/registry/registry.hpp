@@ -36,6 +36,7 @@ struct PolicyInfo {
   bool in_defaults = false;   ///< run by kvpack-eval when no --policies are given
   bool pool_capable = false;  ///< make_pool accepts it (no BlockSparse, Demote<>, offload or keyframe codec)
   double key_bits = 0, value_bits = 0;  ///< stored bits per element (codec metadata included)
+  bool evicts = false;  ///< an eviction policy: attends update its scores, truncate is Errc::unsupported
 };
 
 /// Calls f.template operator()<Set>() with the PolicySet named `name` (a table entry, or
@@ -57,7 +58,8 @@ bool with_policy_set(std::string_view name, F&& f) {
   std::vector<PolicyInfo> out;
   auto info = []<class Set>(std::string_view name, bool defaults) {
     using C = apply_t<KVCache, Set>;
-    return PolicyInfo{std::string(name), defaults, pool_capable_v<Set>, C::key_bits_per_value, C::value_bits_per_value};
+    return PolicyInfo{std::string(name), defaults, pool_capable_v<Set>, C::key_bits_per_value, C::value_bits_per_value,
+                      C::evicts};
   };
   [&]<class... Es>(EntryList<Es...>) {
     (..., out.push_back(info.template operator()<typename Es::set>(Es::name, Es::in_defaults)));
