@@ -45,7 +45,7 @@ model=$(tools/fetch_model.sh)
 # the in-repo 7.8 KB head of the same text (tools/llama/tests/data) keeps the run going, with a
 # warning: its figures are not README's. Pass --text for any other copy. 6 windows of
 # 1024 tokens fit the 5-minute budget on 2 cores; the int4-g32 perplexity change then carries a
-# sampling error of about +-0.75 points (window-to-window spread, docs/RESULTS-eval.md, "How many
+# sampling error of about +-0.7 points (window-to-window spread, docs/RESULTS-eval.md, "How many
 # windows"); --windows 40 brings it to +-0.3.
 given() { local a; for a in "${args[@]}"; do case "$a" in "$1" | "$1="*) return 0 ;; esac; done; return 1; }
 args=("$@")
