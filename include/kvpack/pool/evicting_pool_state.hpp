@@ -15,6 +15,7 @@
 #include "kvpack/cache/block.hpp"
 #include "kvpack/pool/page_pool.hpp"
 #include "kvpack/pool/pool_types.hpp"
+#include "kvpack/pool/slot_handles.hpp"
 #include "kvpack/result.hpp"
 
 namespace kvpack::pool_detail {
@@ -23,18 +24,15 @@ namespace kvpack::pool_detail {
 /// (their page references) go before the arena.
 template <class Seq>
 struct EvictPoolState {
-  /// A sequence slot: handle generation, whether live, the sequence (null when free).
-  struct Slot {
-    std::atomic<std::uint32_t> generation{0};
-    std::atomic<bool> is_live{false};
+  /// A sequence slot: its handle (pool/slot_handles.hpp), the sequence (null when free).
+  struct Slot : SlotHandle {
     std::unique_ptr<Seq> seq;
   };
   PoolConfig cfg;
   BlockLayout layout;
   std::unique_ptr<PagePool> pool;
   std::unique_ptr<Slot[]> slots;
-  std::vector<std::uint32_t> free_slots;  // under mu
-  std::mutex mu;
+  SlotFreeList free_slots;
 
   ~EvictPoolState() {
     if (slots)
@@ -43,35 +41,23 @@ struct EvictPoolState {
   /// Whether `id` names a live sequence (index in range, slot live, same generation).
   [[nodiscard]] bool live(SeqId id) const noexcept {
     if (id.index >= static_cast<std::uint32_t>(cfg.max_sequences)) return false;
-    const Slot& s = slots[id.index];
-    return s.is_live.load(std::memory_order_acquire) && s.generation.load(std::memory_order_acquire) == id.generation;
+    return slots[id.index].names(id);
   }
   /// Takes a free slot and makes an empty sequence in it. Errc::capacity_exceeded when none is free.
   Result<SeqId> open(const char* what) {
-    std::uint32_t i;
-    {
-      std::lock_guard<std::mutex> g(mu);
-      if (free_slots.empty())
-        return fail(Errc::capacity_exceeded, std::string(what) + ": max_sequences = " + std::to_string(cfg.max_sequences) +
-                                                 " sequences are live; free one first");
-      i = free_slots.back();
-      free_slots.pop_back();
-    }
+    auto taken = free_slots.take(what, cfg.max_sequences);
+    if (!taken) return taken.error();
+    const std::uint32_t i = *taken;
     Slot& s = slots[i];
     s.seq = std::make_unique<Seq>(*pool, cfg.shape, layout);
-    const std::uint32_t gen = s.generation.load(std::memory_order_relaxed) + 1;
-    s.generation.store(gen, std::memory_order_release);
-    s.is_live.store(true, std::memory_order_release);
-    return SeqId{i, gen};
+    return s.publish(i);
   }
   /// Releases slot i: the handle goes stale, the sequence's pages lose a reference, rows are zeroed.
   void close(std::uint32_t i) {
     Slot& s = slots[i];
-    s.is_live.store(false, std::memory_order_release);
-    s.generation.fetch_add(1, std::memory_order_acq_rel);
+    s.retire();
     s.seq.reset();  // pages lose a reference, rows zeroed
-    std::lock_guard<std::mutex> g(mu);
-    free_slots.push_back(i);
+    free_slots.give_back(i);
   }
   /// A snapshot of pool use (no prefix cache here: prefix fields stay 0).
   [[nodiscard]] PoolStats stats() const {

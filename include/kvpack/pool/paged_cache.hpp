@@ -77,7 +77,7 @@ class BasicPagedCache {
     st->pool = std::move(pool.value());
     st->hist_cap = cfg.max_rollback_tokens > 0 ? cfg.max_rollback_tokens + residual_tokens + commit_unit - 1 : 0;
     st->slots = std::make_unique<Slot[]>(static_cast<std::size_t>(cfg.max_sequences));
-    for (int i = cfg.max_sequences - 1; i >= 0; --i) st->free_slots.push_back(static_cast<std::uint32_t>(i));
+    st->free_slots.fill(cfg.max_sequences);
     return Result<BasicPagedCache>(BasicPagedCache(std::move(st)));
   }
 

@@ -84,7 +84,7 @@ class EvictingPagedCache {
     if (!pool) return pool.error();
     st->pool = std::move(pool.value());
     st->slots = std::make_unique<Slot[]>(static_cast<std::size_t>(cfg.max_sequences));
-    for (int i = cfg.max_sequences - 1; i >= 0; --i) st->free_slots.push_back(static_cast<std::uint32_t>(i));
+    st->free_slots.fill(cfg.max_sequences);
     return Result<EvictingPagedCache>(EvictingPagedCache(std::move(st)));
   }
 

@@ -21,13 +21,12 @@
 #include "kvpack/pool/paged_sequence.hpp"
 #include "kvpack/pool/pool_types.hpp"
 #include "kvpack/pool/prefix_cache.hpp"
+#include "kvpack/pool/slot_handles.hpp"
 
 namespace kvpack::pool_detail {
 
-/// A sequence slot: its handle generation, whether live, its layers.
-struct SeqSlot {
-  std::atomic<std::uint32_t> generation{0};
-  std::atomic<bool> is_live{false};
+/// A sequence slot: its handle (pool/slot_handles.hpp) and its layers.
+struct SeqSlot : SlotHandle {
   std::vector<PagedLayer> layers;
 };
 
@@ -40,9 +39,8 @@ struct PoolState {
   std::unique_ptr<PagePool> pool;
   PrefixCache prefix;
   std::unique_ptr<SeqSlot[]> slots;
-  std::vector<std::uint32_t> free_slots;  // under mu
-  std::int64_t hist_cap = 0;              // rollback copies per layer (tokens)
-  std::mutex mu;
+  SlotFreeList free_slots;
+  std::int64_t hist_cap = 0;  // rollback copies per layer (tokens)
 
   PoolState() = default;
   PoolState(const PoolState&) = delete;
@@ -59,21 +57,14 @@ struct PoolState {
   }
   [[nodiscard]] bool live(SeqId id) const noexcept {
     if (id.index >= static_cast<std::uint32_t>(cfg.max_sequences)) return false;
-    const SeqSlot& s = slots[id.index];
-    return s.is_live.load(std::memory_order_acquire) && s.generation.load(std::memory_order_acquire) == id.generation;
+    return slots[id.index].names(id);
   }
 
   /// Takes a free slot and sizes its layers (empty).
   Result<SeqId> open(const char* what) {
-    std::uint32_t i;
-    {
-      std::lock_guard<std::mutex> g(mu);
-      if (free_slots.empty())
-        return fail(Errc::capacity_exceeded, std::string(what) + ": max_sequences = " + std::to_string(cfg.max_sequences) +
-                                                 " sequences are live; free one first");
-      i = free_slots.back();
-      free_slots.pop_back();
-    }
+    auto taken = free_slots.take(what, cfg.max_sequences);
+    if (!taken) return taken.error();
+    const std::uint32_t i = *taken;
     SeqSlot& s = slots[i];
     s.layers.resize(static_cast<std::size_t>(cfg.shape.layers));
     for (PagedLayer& L : s.layers) {
@@ -81,24 +72,19 @@ struct PoolState {
       L.pend.configure(row(), 0);
       L.hist.configure(row(), 0);
     }
-    const std::uint32_t gen = s.generation.load(std::memory_order_relaxed) + 1;
-    s.generation.store(gen, std::memory_order_release);
-    s.is_live.store(true, std::memory_order_release);
-    return SeqId{i, gen};
+    return s.publish(i);
   }
 
   /// Releases slot i: its pages lose a reference, its rows are zeroed, its handle goes stale.
   void close(std::uint32_t i) {
     SeqSlot& s = slots[i];
-    s.is_live.store(false, std::memory_order_release);
-    s.generation.fetch_add(1, std::memory_order_acq_rel);
+    s.retire();
     for (PagedLayer& L : s.layers) {
       for (const auto& table : L.pages)
         for (const std::uint32_t p : table) pool->release(p);
       L.wipe();
     }
-    std::lock_guard<std::mutex> g(mu);
-    free_slots.push_back(i);
+    free_slots.give_back(i);
   }
 
   Status truncate(SeqSlot& s, std::int64_t n) {
