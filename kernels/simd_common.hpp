@@ -57,7 +57,11 @@ concept IntCodecFamily = KvCodec<C> && decltype(detail::int_codec_base(static_ca
 /// FP8 codecs (kvpack::Fp8Codec: Fp8E4M3<>, Fp8E5M2<>).
 template <class C>
 concept Fp8CodecFamily = KvCodec<C> && decltype(detail::fp8_codec_base(static_cast<const C*>(nullptr)))::value;
-/// Codecs with a SIMD decoder; others are decoded by the scalar decode_row into the tile.
+/// 4-bit codebook codecs (kvpack::Nf4<>): x̂ = C::codebook_level(u) * scale, INT4's nibble layout.
+template <class C>
+concept CodebookCodec = KvCodec<C> && requires { C::codebook; } && C::codebook && C::bits == 4;
+/// Codecs with a SIMD decoder on every SIMD backend; others are decoded by the scalar decode_row
+/// into the tile (a backend may decode more: AVX2 also decodes CodebookCodec).
 template <class C>
 concept SimdDecodable =
     IntCodecFamily<C> || Fp8CodecFamily<C> || std::is_same_v<C, Fp16> || std::is_same_v<C, Fp32>;

@@ -10,6 +10,7 @@
 #include "kvpack/codec/fp8_codec.hpp"
 #include "kvpack/codec/int_codec.hpp"
 #include "kvpack/codec/int_lowbit.hpp"
+#include "kvpack/codec/nf4_codec.hpp"
 #include "kvpack/codec/keyframe.hpp"
 
 namespace kvpack {

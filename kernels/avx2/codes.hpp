@@ -137,6 +137,23 @@ template <int Bits>
 
 }  // namespace detail
 
+/// Codecs this file decodes with AVX2: the shared SIMD families plus codebook codecs (NF4).
+template <class C>
+concept Decodable = simd::SimdDecodable<C> || simd::CodebookCodec<C>;
+
+/// x̂ = level[u] * scale (one multiply: bit-identical to the codec's decode_value) of 8 stored
+/// codes u (0..15, int32 lanes) of codebook codec C: two 8-entry permutes and a blend on bit 3.
+template <simd::CodebookCodec C>
+[[nodiscard]] inline __m256 codebook_value8(__m256i u, __m256 s) noexcept {
+  const __m256 lo = _mm256_setr_ps(C::codebook_level(0), C::codebook_level(1), C::codebook_level(2), C::codebook_level(3),
+                                   C::codebook_level(4), C::codebook_level(5), C::codebook_level(6), C::codebook_level(7));
+  const __m256 hi = _mm256_setr_ps(C::codebook_level(8), C::codebook_level(9), C::codebook_level(10), C::codebook_level(11),
+                                   C::codebook_level(12), C::codebook_level(13), C::codebook_level(14), C::codebook_level(15));
+  const __m256 high_half = _mm256_castsi256_ps(_mm256_slli_epi32(u, 28));  // bit 3 -> sign bit
+  const __m256 v = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, u), _mm256_permutevar8x32_ps(hi, u), high_half);
+  return _mm256_mul_ps(v, s);
+}
+
 /// x̂ = zero + scale * q (one multiply, one add: bit-identical to IntCodec::dequantize) of 8
 /// stored codes u of integer codec C as int32 lanes (sub-byte symmetric codes: q = u + qmin).
 template <simd::IntCodecFamily C>
@@ -162,6 +179,8 @@ template <KvCodec C>
       q = detail::packed8<C::bits>(row + e * C::bits / 8);
     }
     return int_value8<C>(q, s, z);
+  } else if constexpr (simd::CodebookCodec<C>) {
+    return codebook_value8<C>(detail::nibbles8(row + e / 2), s);
   } else if constexpr (simd::Fp8CodecFamily<C>) {
     return _mm256_mul_ps(detail::fp8x8<typename C::format>(detail::load64(row + e)), s);
   } else if constexpr (std::is_same_v<C, Fp16>) {
@@ -198,7 +217,7 @@ inline void load_meta_values(const std::byte* meta, std::size_t count, float* ou
 /// floats of working memory (the row's decoded metadata).
 template <KvCodec C>
 inline void decode_row(const std::byte* codes, const std::byte* meta, int n, float* out, float* tmp) noexcept {
-  if constexpr (!simd::SimdDecodable<C>) {
+  if constexpr (!Decodable<C>) {
     kvpack::decode_row<C>(codes, meta, n, out);
   } else if constexpr (C::grouped) {
     constexpr int G = C::group_size;
@@ -216,6 +235,13 @@ inline void decode_row(const std::byte* codes, const std::byte* meta, int n, flo
           __m128i c[2];
           detail::nibbles32(codes + e / 2, c);
           for (int h = 0; h < 4; ++h) _mm256_storeu_ps(out + e + 8 * h, int_value8<C>(detail::nibbles32_part(c, h), s, z));
+        });
+      } else if constexpr (simd::CodebookCodec<C> && G % 32 == 0) {
+        simd::static_for<G / 32>([&](auto k) {  // 32 codes per load, as INT4
+          const int e = g * G + 32 * k;
+          __m128i c[2];
+          detail::nibbles32(codes + e / 2, c);
+          for (int h = 0; h < 4; ++h) _mm256_storeu_ps(out + e + 8 * h, codebook_value8<C>(detail::nibbles32_part(c, h), s));
         });
       } else if constexpr (simd::Fp8CodecFamily<C> && G % 16 == 0) {
         // 16 FP8 codes per load, widened and converted to fp16 bits in one pass (fp8x16).
@@ -246,7 +272,7 @@ inline void decode_row(const std::byte* codes, const std::byte* meta, int n, flo
 /// zero[n] (zero-points 0 for symmetric codecs). `tmp` holds >= 2n + 8 floats.
 template <GroupedCodec C>
 inline void load_channel_params(const std::byte* meta, int n, float* scale, float* zero, float* tmp) noexcept {
-  if constexpr (!simd::SimdDecodable<C>) {
+  if constexpr (!Decodable<C>) {
     for (int c = 0; c < n; ++c) {
       const GroupParams p = C::load_params(meta + c * C::meta_bytes_per_group);
       scale[c] = p.scale;
@@ -268,7 +294,7 @@ template <GroupedCodec C>
 inline void decode_row_channels(const std::byte* codes, const float* scale, const float* zero, int n,
                                 float* out) noexcept {
   int e = 0;
-  if constexpr (simd::SimdDecodable<C>) {
+  if constexpr (Decodable<C>) {
     if constexpr (simd::IntCodecFamily<C> && C::bits == 4) {
       for (; e + 32 <= n; e += 32) {  // 32 codes per load, as decode_row
         __m128i c[2];
@@ -297,7 +323,7 @@ inline void decode_row_channels(const std::byte* codes, const float* scale, cons
 template <KvCodec C>
 inline void decode_codes(const std::byte* codes, std::size_t n, GroupParams p, float* out) noexcept {
   std::size_t e = 0;
-  if constexpr (simd::SimdDecodable<C>) {
+  if constexpr (Decodable<C>) {
     const __m256 s = _mm256_set1_ps(p.scale), z = _mm256_set1_ps(p.zero);
     for (; e < n - n % 8; e += 8) _mm256_storeu_ps(out + e, decode8<C>(codes, e, s, z));
   }
