@@ -26,6 +26,12 @@ namespace {
 using namespace kvpack;  // NOLINT: test file
 namespace kc = kvpack::cuda;
 
+// Codecs the device kernels cannot decode stay on the host: a 4-bit codebook (NF4) must not pass
+// for INT4, nor INT3/INT2 for a wider integer code.
+static_assert(!kc::DeviceCodec<Nf4<>>::supported && !kc::DeviceCodec<Nf4<Group<64>, MetaF32>>::supported);
+static_assert(!kc::DeviceCodec<Int3<>>::supported && !kc::DeviceCodec<Int2<>>::supported);
+static_assert(kc::DeviceCodec<Int4<Symmetric>>::supported);
+
 template <class C>
 class DeviceCodecBytes : public ::testing::Test {};
 using ByteCodecs = ::testing::Types<Int8<Symmetric>, Int8<Asymmetric>, Int8<Asymmetric, MetaF32>, Int4<Symmetric>,

@@ -86,7 +86,7 @@ class DeviceCache {
   static constexpr int block_tokens = HostCache::block_tokens;
   static_assert(DeviceCodec<key_codec>::supported && DeviceCodec<value_codec>::supported,
                 "kvpack::cuda::DeviceCache: the CUDA kernels need grouped codecs for K and V "
-                "(Int8<>, Int4<>, Fp8E4M3<>, Fp8E5M2<>); Fp32/Fp16 and INT3/INT2 caches stay on the host");
+                "(Int8<>, Int4<>, Fp8E4M3<>, Fp8E5M2<>); Fp32/Fp16, INT3/INT2 and NF4 caches stay on the host");
   static_assert(!HostCache::keys_per_channel,
                 "kvpack::cuda::DeviceCache: per-channel keys (Keys<Codec, PerChannel>) are not implemented on the "
                 "device; use per-token keys");

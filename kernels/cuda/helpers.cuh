@@ -40,14 +40,16 @@ enum class CodeKind : std::uint8_t { int_symmetric, int_asymmetric, e4m3, e5m2 }
 /// Device view of a grouped kvpack codec (Int8<...>, Int4<...>, Fp8E4M3<...>, Fp8E5M2<...>).
 /// `supported` is false for Fp32/Fp16 (no device kernels for ungrouped codecs) and for the
 /// INT3/INT2 codecs (codec/int_lowbit.hpp: the device decode reads 4- and 8-bit chunks only;
-/// 2- and 3-bit caches stay on the host for now).
+/// 2- and 3-bit caches stay on the host for now), and for codebook codecs (NF4,
+/// codec/nf4_codec.hpp: 4-bit codes that are not integer levels).
 template <class C>
 struct DeviceCodec {
   static constexpr bool supported = false;
 };
 
 template <class C>
-  requires requires { typename C::meta_type; } && (C::grouped) && (C::bits == 4 || C::bits == 8)
+  requires requires { typename C::meta_type; } && (C::grouped) && (C::bits == 4 || C::bits == 8) &&
+           (!requires { C::codebook; })
 struct DeviceCodec<C> {
   using codec = C;  ///< the host codec, whose __host__ __device__ encode/decode the kernels call
   static constexpr bool supported = true;

@@ -13,7 +13,8 @@
 namespace kvpack {
 
 /// 16-bit description of one codec, stable across builds (it is stored in record headers):
-///   bits 0-3  family: 1 fp32/fp16 (ungrouped), 2 integer, 3 FP8 E4M3FN, 4 FP8 E5M2
+///   bits 0-3  family: 1 fp32/fp16 (ungrouped), 2 integer, 3 FP8 E4M3FN, 4 FP8 E5M2, 5 NF4
+///             codebook (stated by Nf4Codec itself)
 ///   bit  4    asymmetric (zero-point stored)
 ///   bits 5-7  metadata bytes per group scalar: 0 none, 2 fp16, 4 fp32
 ///   bits 8-13 bits per code (4, 8, 16, 32)
