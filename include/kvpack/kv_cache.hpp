@@ -192,12 +192,7 @@ class KVCache {
   Status append(int layer, std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> positions) {
     if (Status s = check_layer("append", layer); !s) return s;
     const auto n = static_cast<std::int64_t>(positions.size());
-    const std::size_t row = store_.row_floats();
-    if (k.size() != static_cast<std::size_t>(n) * row || v.size() != k.size())
-      return fail(Errc::invalid_argument, "append: layer " + std::to_string(layer) + ": k has " + std::to_string(k.size()) +
-                                              " and v " + std::to_string(v.size()) +
-                                              " floats; expected n_tokens * kv_heads * head_dim = " + std::to_string(n) +
-                                              " * " + std::to_string(shape().kv_heads) + " * " + std::to_string(shape().head_dim));
+    if (Status s = cache_detail::check_append_sizes(shape(), layer, k, v, positions.size()); !s) return s;
     if (n == 0) return {};
     auto& L = store_.layer(layer);
     const std::int64_t bound = hook_.held_after(store_, layer, n);
@@ -209,11 +204,7 @@ class KVCache {
     if (L.total + n > std::numeric_limits<std::int32_t>::max())
       return fail(Errc::capacity_exceeded, "append: layer " + std::to_string(layer) + " has seen " +
                                                std::to_string(L.total) + " tokens; cache indices are int32");
-    for (std::int64_t t = 0; t < n; ++t)
-      if (positions[static_cast<std::size_t>(t)] < 0)
-        return fail(Errc::invalid_argument, "append: layer " + std::to_string(layer) + ": negative position " +
-                                                std::to_string(positions[static_cast<std::size_t>(t)]) + " at token " +
-                                                std::to_string(t) + " of the chunk");
+    if (Status s = cache_detail::check_append_positions(layer, positions); !s) return s;
     if (Status s = cache_detail::check_finite_rows(shape(), layer, L.total, k, "K"); !s) return s;
     if (Status s = cache_detail::check_finite_rows(shape(), layer, L.total, v, "V"); !s) return s;
     return catch_alloc("append", 0, [&] { return append_tokens<evicts>(store_, hook_, ws_, off_, layer, k, v, positions); });

@@ -1,6 +1,7 @@
 // Argument checks that KVCache and PagedCache share, so each bad input gets one rule and one
 // message whichever cache receives it: non-finite K/V rows of an append, and the queries of an
-// attend (sizes, n_q within the latest append, finite values).
+// attend (sizes, n_q within the latest append, finite values). Also KVCache::append's K/V sizes
+// and positions.
 #pragma once
 
 #include <cmath>
@@ -13,6 +14,28 @@
 #include "kvpack/result.hpp"
 
 namespace kvpack::cache_detail {
+
+/// Errc::invalid_argument unless k and v each hold n_tokens rows of [kv_heads][head_dim] floats
+/// (KVCache::append; nothing appended).
+[[nodiscard]] inline Status check_append_sizes(const ModelShape& shape, int layer, std::span<const float> k,
+                                               std::span<const float> v, std::size_t n_tokens) {
+  const std::size_t row = static_cast<std::size_t>(shape.kv_heads) * static_cast<std::size_t>(shape.head_dim);
+  if (k.size() == n_tokens * row && v.size() == k.size()) return {};
+  return fail(Errc::invalid_argument, "append: layer " + std::to_string(layer) + ": k has " + std::to_string(k.size()) +
+                                          " and v " + std::to_string(v.size()) +
+                                          " floats; expected n_tokens * kv_heads * head_dim = " + std::to_string(n_tokens) +
+                                          " * " + std::to_string(shape.kv_heads) + " * " + std::to_string(shape.head_dim));
+}
+
+/// Errc::invalid_argument for the first negative position of an append's chunk (KVCache::append;
+/// nothing appended).
+[[nodiscard]] inline Status check_append_positions(int layer, std::span<const std::int32_t> positions) {
+  for (std::size_t t = 0; t < positions.size(); ++t)
+    if (positions[t] < 0)
+      return fail(Errc::invalid_argument, "append: layer " + std::to_string(layer) + ": negative position " +
+                                              std::to_string(positions[t]) + " at token " + std::to_string(t) + " of the chunk");
+  return {};
+}
 
 /// Errc::non_finite for the first NaN/Inf in `x` ([n][kv_heads][head_dim] K or V rows of an
 /// append, `what` = "K" or "V"), naming layer, KV head, token of the chunk, cache index
