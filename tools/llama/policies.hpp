@@ -88,6 +88,14 @@ using Registry = PolicyList<
     Policy<"kc3v3-g128-64", KVCache<Keys<Int3<Group<128>>, PerChannel>, Values<Int3<Group<64>>>>, false>,         // [3.375]
     Policy<"kc2v2-g128-64", KVCache<Keys<Int2<Group<128>>, PerChannel>, Values<Int2<Group<64>>>>, false>,         // [2.375]
     Policy<"kc3v2-g128-64", KVCache<Keys<Int3<Group<128>>, PerChannel>, Values<Int2<Group<64>>>>, false>,         // [2.875]
+    // 4-bit codebook vs uniform at equal bits (issue 20; codec/nf4_codec.hpp, docs/RESULTS-nf4.md):
+    // NF4 with an fp16 absmax scale per group of 32 / 64, and symmetric INT4 (fp16 scale, no
+    // zero-point) at the same 4.5 bits as nf4-g32 and asymmetric int4-g64.
+    Policy<"nf4-g32", KVCache<Keys<Nf4<Group<32>>>, Values<Nf4<Group<32>>>>, false>,                                // [4.5]
+    Policy<"nf4-g64", KVCache<Keys<Nf4<Group<64>>>, Values<Nf4<Group<64>>>>, false>,                                // [4.25]
+    Policy<"int4s-g32", KVCache<Keys<Int4<Symmetric, Group<32>>>, Values<Int4<Symmetric, Group<32>>>>, false>,      // [4.5]
+    Policy<"nf4-g32+rot", Rotated<KVCache<Keys<Nf4<Group<32>>>, Values<Nf4<Group<32>>>>>, false>,
+    Policy<"nf4-g64+rot", Rotated<KVCache<Keys<Nf4<Group<64>>>, Values<Nf4<Group<64>>>>>, false>,
     // The same with keys and values in a Hadamard-rotated basis (rotation/rotated_cache.hpp; +rot:
     // plain block Hadamard, +srot: with fixed ±1 channel signs), same bits.
     Policy<"int4-g32+rot", Rotated<KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>>>, false>,
