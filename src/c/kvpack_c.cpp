@@ -181,6 +181,16 @@ const char* kvpack_policy_name(int32_t i, int32_t* pool_capable) {
   }
 }
 
+int32_t kvpack_policy_evicts(int32_t i) {
+  try {
+    const auto& list = policy_list();
+    if (i < 0 || static_cast<std::size_t>(i) >= list.size()) return -1;
+    return list[static_cast<std::size_t>(i)].evicts ? 1 : 0;
+  } catch (...) {
+    return -1;
+  }
+}
+
 kvpack_status kvpack_pool_create(const char* policy, const kvpack_pool_config* config, kvpack_pool** out) {
   return guard("kvpack_pool_create", [&] {
     if (policy == nullptr || config == nullptr || out == nullptr)

@@ -46,6 +46,7 @@ int main(void) {
   CHECK(kvpack_abi_version() == KVPACK_C_ABI_VERSION, "abi version");
   CHECK(kvpack_pool_create("no-such-policy", &cfg, &pool) == KVPACK_ERR_INVALID_ARGUMENT, "bad name rejected");
   CHECK(strstr(kvpack_last_error(), "no-such-policy") != NULL, "message names the policy");
+  CHECK(kvpack_policy_evicts(0) == 0 && kvpack_policy_evicts(-1) == -1, "policy_evicts: fp32 keeps tokens, -1 out of range");
   CHECK(kvpack_pool_create("q8_0/q4_1", &cfg, &pool) == KVPACK_OK, "pool_create");
   CHECK(kvpack_seq_create(pool, &s) == KVPACK_OK, "seq_create");
   CHECK(kvpack_pool_kernel(pool, &kernel) == KVPACK_OK && kernel.backend != NULL, "pool_kernel");

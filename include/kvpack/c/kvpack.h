@@ -149,6 +149,14 @@ KVPACK_C_API int32_t kvpack_policy_count(void);
  *  for now). The string lives as long as the library is loaded. */
 KVPACK_C_API const char* kvpack_policy_name(int32_t i, int32_t* pool_capable);
 
+/** 1 if the i-th policy (0 <= i < kvpack_policy_count()) evicts tokens (the sink-window, h2o,
+ *  snapkv and block-sparse names): its attends update eviction scores, and on its pools
+ *  kvpack_seq_truncate returns KVPACK_UNSUPPORTED (evicted tokens cannot come back), as do
+ *  prefix publish/attach and read-back; an engine that rolls back speculative tokens must pick a
+ *  policy with 0. Returns 0 if it does not evict, -1 when i is out of range (never fails
+ *  otherwise; sets no error). */
+KVPACK_C_API int32_t kvpack_policy_evicts(int32_t i);
+
 /** Creates a pool of policy `policy`: a registry name ("fp32", "fp16", "int8", "int4-g32",
  *  "int4-g64", "k8v4", "kivi4", "kivi8", "kivi4-r0", "fp8-e4m3") or llama.cpp --cache-type-k /
  *  --cache-type-v names, one for both ("q8_0") or "K/V" ("q8_0/q4_0"): f32, f16, q8_0 (= INT8,
