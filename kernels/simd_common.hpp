@@ -60,11 +60,11 @@ concept Fp8CodecFamily = KvCodec<C> && decltype(detail::fp8_codec_base(static_ca
 /// 4-bit codebook codecs (kvpack::Nf4<>): x̂ = C::codebook_level(u) * scale, INT4's nibble layout.
 template <class C>
 concept CodebookCodec = KvCodec<C> && requires { C::codebook; } && C::codebook && C::bits == 4;
-/// Codecs with a SIMD decoder on every SIMD backend; others are decoded by the scalar decode_row
-/// into the tile (a backend may decode more: AVX2 also decodes CodebookCodec).
+/// Codecs with a SIMD decoder (AVX2 and NEON); others are decoded by the scalar decode_row into
+/// the tile.
 template <class C>
-concept SimdDecodable =
-    IntCodecFamily<C> || Fp8CodecFamily<C> || std::is_same_v<C, Fp16> || std::is_same_v<C, Fp32>;
+concept SimdDecodable = IntCodecFamily<C> || Fp8CodecFamily<C> || CodebookCodec<C> || std::is_same_v<C, Fp16> ||
+                        std::is_same_v<C, Fp32>;
 
 /// Calls f(std::integral_constant<int, 0>{}) ... f(std::integral_constant<int, N - 1>{}): a loop
 /// the compiler must unroll, so arrays of vector registers indexed by it stay in registers.

@@ -7,7 +7,8 @@
 //    fp16 metadata range saturate, finite (CASES C1);
 //  * the reason it exists, measured: on normal and Laplace groups its RMSE is below uniform INT4
 //    at the same bits, on uniform groups above;
-//  * the AVX2 decoder (kernels/avx2/codes.hpp) equals the scalar decode bit for bit;
+//  * the AVX2 and NEON decoders (kernels/avx2/codes.hpp, kernels/neon/codes.hpp) equal the scalar
+//    decode bit for bit;
 //  * a whole cache (per-token and per-channel keys, Backend<Scalar> and the build's best backend)
 //    against the float64 reference on the exact inputs at 1, 31, 33, 95 past tokens plus a decode
 //    token, within the bound derived from the codec's error (as test_codec_int_lowbit.cpp).
@@ -191,30 +192,35 @@ TEST(Nf4Quality, BeatsUniformInt4AtEqualBitsOnBellShapedGroups) {
   EXPECT_GT(n_flat, a_flat * 1.2);  // uniform groups: 0.052 vs 0.037, the cost of the codebook
 }
 
+#if KVPACK_HAS_AVX2 || KVPACK_HAS_NEON
 #if KVPACK_HAS_AVX2
+namespace simd_codes = kvpack::kernels::avx2;
+#else
+namespace simd_codes = kvpack::kernels::neon;
+#endif
 template <class C>
-void nf4_avx2_equals_scalar() {
+void nf4_simd_equals_scalar() {
   const int n = 128;
   std::vector<float> x = kvtest::normal(static_cast<std::size_t>(n), 5), ref(n), simd(n), tmp(2 * n + 8);
   x[17] = 30.f;
   std::vector<std::byte> codes(C::code_bytes(n)), meta(n / C::group_size * C::meta_bytes_per_group);
   encode_row<C>(x.data(), n, codes.data(), meta.data());
   decode_row<C>(codes.data(), meta.data(), n, ref.data());
-  kernels::avx2::decode_row<C>(codes.data(), meta.data(), n, simd.data(), tmp.data());
+  simd_codes::decode_row<C>(codes.data(), meta.data(), n, simd.data(), tmp.data());
   for (int i = 0; i < n; ++i) ASSERT_EQ(simd[i], ref[i]) << i;
   // Per-channel rows: one scale per channel.
   std::vector<float> scale(n), zero(n, 0.f);
   for (int i = 0; i < n; ++i) scale[i] = 0.25f + 0.01f * static_cast<float>(i);
   std::vector<float> want(n);
   for (int i = 0; i < n; ++i) want[i] = C::decode_value(C::load_code(codes.data(), i), {scale[i], 0.f});
-  kernels::avx2::decode_row_channels<C>(codes.data(), scale.data(), zero.data(), n, simd.data());
+  simd_codes::decode_row_channels<C>(codes.data(), scale.data(), zero.data(), n, simd.data());
   for (int i = 0; i < n; ++i) ASSERT_EQ(simd[i], want[i]) << i;
 }
 
-TEST(Nf4Avx2, DecodeBitIdenticalToScalar) {
-  nf4_avx2_equals_scalar<Nf4<>>();
-  nf4_avx2_equals_scalar<Nf4<Group<64>, MetaF32>>();
-  nf4_avx2_equals_scalar<Nf4<Group<8>>>();
+TEST(Nf4Simd, DecodeBitIdenticalToScalar) {  // AVX2 (permutes + blend) or NEON (TBL)
+  nf4_simd_equals_scalar<Nf4<>>();
+  nf4_simd_equals_scalar<Nf4<Group<64>, MetaF32>>();
+  nf4_simd_equals_scalar<Nf4<Group<8>>>();
 }
 #endif
 

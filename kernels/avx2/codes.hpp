@@ -137,10 +137,6 @@ template <int Bits>
 
 }  // namespace detail
 
-/// Codecs this file decodes with AVX2: the shared SIMD families plus codebook codecs (NF4).
-template <class C>
-concept Decodable = simd::SimdDecodable<C> || simd::CodebookCodec<C>;
-
 /// x̂ = level[u] * scale (one multiply: bit-identical to the codec's decode_value) of 8 stored
 /// codes u (0..15, int32 lanes) of codebook codec C: two 8-entry permutes and a blend on bit 3.
 template <simd::CodebookCodec C>
@@ -217,7 +213,7 @@ inline void load_meta_values(const std::byte* meta, std::size_t count, float* ou
 /// floats of working memory (the row's decoded metadata).
 template <KvCodec C>
 inline void decode_row(const std::byte* codes, const std::byte* meta, int n, float* out, float* tmp) noexcept {
-  if constexpr (!Decodable<C>) {
+  if constexpr (!simd::SimdDecodable<C>) {
     kvpack::decode_row<C>(codes, meta, n, out);
   } else if constexpr (C::grouped) {
     constexpr int G = C::group_size;
@@ -272,7 +268,7 @@ inline void decode_row(const std::byte* codes, const std::byte* meta, int n, flo
 /// zero[n] (zero-points 0 for symmetric codecs). `tmp` holds >= 2n + 8 floats.
 template <GroupedCodec C>
 inline void load_channel_params(const std::byte* meta, int n, float* scale, float* zero, float* tmp) noexcept {
-  if constexpr (!Decodable<C>) {
+  if constexpr (!simd::SimdDecodable<C>) {
     for (int c = 0; c < n; ++c) {
       const GroupParams p = C::load_params(meta + c * C::meta_bytes_per_group);
       scale[c] = p.scale;
@@ -294,7 +290,7 @@ template <GroupedCodec C>
 inline void decode_row_channels(const std::byte* codes, const float* scale, const float* zero, int n,
                                 float* out) noexcept {
   int e = 0;
-  if constexpr (Decodable<C>) {
+  if constexpr (simd::SimdDecodable<C>) {
     if constexpr (simd::IntCodecFamily<C> && C::bits == 4) {
       for (; e + 32 <= n; e += 32) {  // 32 codes per load, as decode_row
         __m128i c[2];
@@ -323,7 +319,7 @@ inline void decode_row_channels(const std::byte* codes, const float* scale, cons
 template <KvCodec C>
 inline void decode_codes(const std::byte* codes, std::size_t n, GroupParams p, float* out) noexcept {
   std::size_t e = 0;
-  if constexpr (Decodable<C>) {
+  if constexpr (simd::SimdDecodable<C>) {
     const __m256 s = _mm256_set1_ps(p.scale), z = _mm256_set1_ps(p.zero);
     for (; e < n - n % 8; e += 8) _mm256_storeu_ps(out + e, decode8<C>(codes, e, s, z));
   }

@@ -65,6 +65,37 @@ namespace detail {
   const uint8x8_t hi = vshr_n_u8(b, 4);
   return vmovl_u8(vzip1_u8(lo, hi));
 }
+/// The 16 levels of codebook codec C as a 64-byte table (level u at bytes 4u..4u+3, little-endian
+/// fp32) for TBL.
+template <class C>
+alignas(16) inline constexpr float kCodebookLevels[16] = {
+    C::codebook_level(0),  C::codebook_level(1),  C::codebook_level(2),  C::codebook_level(3),
+    C::codebook_level(4),  C::codebook_level(5),  C::codebook_level(6),  C::codebook_level(7),
+    C::codebook_level(8),  C::codebook_level(9),  C::codebook_level(10), C::codebook_level(11),
+    C::codebook_level(12), C::codebook_level(13), C::codebook_level(14), C::codebook_level(15)};
+template <class C>
+[[nodiscard]] inline uint8x16x4_t codebook_table() noexcept {
+  const float* f = kCodebookLevels<C>;
+  uint8x16x4_t t;
+  t.val[0] = vld1q_u8(reinterpret_cast<const std::uint8_t*>(f));
+  t.val[1] = vld1q_u8(reinterpret_cast<const std::uint8_t*>(f + 4));
+  t.val[2] = vld1q_u8(reinterpret_cast<const std::uint8_t*>(f + 8));
+  t.val[3] = vld1q_u8(reinterpret_cast<const std::uint8_t*>(f + 12));
+  return t;
+}
+/// The levels of 8 codebook codes (u16 lanes, 0..15) as fp32: each code u becomes the byte
+/// indices 4u..4u+3 of the table, looked up by one TBL of 64 bytes per 4 values.
+template <class C>
+[[nodiscard]] inline F8 codebook8(uint16x8_t u) noexcept {
+  const uint8x16_t t4 = vcombine_u8(vshl_n_u8(vmovn_u16(u), 2), vdup_n_u8(0));  // 4u in bytes 0-7
+  const uint8x16_t lane = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};
+  const uint8x16_t spread_lo = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+  const uint8x16_t spread_hi = {4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7};
+  const uint8x16x4_t table = codebook_table<C>();
+  const uint8x16_t lo = vqtbl4q_u8(table, vaddq_u8(vqtbl1q_u8(t4, spread_lo), lane));
+  const uint8x16_t hi = vqtbl4q_u8(table, vaddq_u8(vqtbl1q_u8(t4, spread_hi), lane));
+  return {vreinterpretq_f32_u8(lo), vreinterpretq_f32_u8(hi)};
+}
 /// Shift counts of the 8 fields of an INT3 / INT2 word (element j at bits Bits * j), as two
 /// int32x4 halves (elements 0-3, 4-7).
 template <int Bits>
@@ -127,6 +158,9 @@ template <KvCodec C>
     const F8 f{vmulq_f32(s.lo, q.lo), vmulq_f32(s.hi, q.hi)};
     if constexpr (C::asymmetric) return {vaddq_f32(z.lo, f.lo), vaddq_f32(z.hi, f.hi)};
     else return f;
+  } else if constexpr (simd::CodebookCodec<C>) {  // level[u] * scale: one multiply, as decode_value
+    const F8 v = detail::codebook8<C>(detail::nibbles8(row + e / 2));
+    return {vmulq_f32(v.lo, s.lo), vmulq_f32(v.hi, s.hi)};
   } else if constexpr (simd::Fp8CodecFamily<C>) {
     const F8 v = detail::fp8x8<typename C::format>(detail::load_u8x8(row + e));
     return {vmulq_f32(v.lo, s.lo), vmulq_f32(v.hi, s.hi)};
