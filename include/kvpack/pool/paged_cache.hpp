@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kvpack/cache/alloc_guard.hpp"
 #include "kvpack/cache/workspace.hpp"
 #include "kvpack/executor.hpp"
 #include "kvpack/kv_cache.hpp"
@@ -87,28 +88,36 @@ class BasicPagedCache {
   BasicPagedCache& operator=(const BasicPagedCache&) = delete;
   ~BasicPagedCache() = default;  // State releases and zeroes everything
 
-  /// A new empty sequence. Errc::capacity_exceeded when max_sequences are live.
+  /// A new empty sequence. Errc::capacity_exceeded when max_sequences are live;
+  /// Errc::out_of_memory when its layers cannot be allocated (nothing changed).
   [[nodiscard]] Result<SeqId> create_sequence() {
     if (!st_) return moved("create_sequence");
-    return st_->open("create_sequence");
+    return catch_alloc("create_sequence", 0, [&] {
+      typename State::NewLayers layers;
+      st_->make_layers(layers);
+      return st_->open("create_sequence", layers);
+    });
   }
 
   /// A new sequence equal to `parent`: every page of the parent is shared (reference-counted,
   /// copy-on-write: an append or truncate on either side copies a shared page before changing it,
   /// so neither ever sees the other's later tokens); fp32 rows are copied. Errors: a stale handle
-  /// (Errc::invalid_argument), max_sequences live (Errc::capacity_exceeded).
+  /// (Errc::invalid_argument), max_sequences live (Errc::capacity_exceeded), the copies cannot be
+  /// allocated (Errc::out_of_memory: they are made before a slot is taken, nothing changed).
   [[nodiscard]] Result<SeqId> fork(SeqId parent) {
     auto p = find(parent, "fork");
     if (!p) return p.error();
-    auto id = st_->open("fork");
-    if (!id) return id;
-    Slot& c = st_->slots[id->index];
-    for (std::size_t l = 0; l < c.layers.size(); ++l) {
-      pool_detail::copy_exact((*p)->layers[l], c.layers[l]);
-      for (const auto& table : c.layers[l].pages)
-        for (const std::uint32_t pg : table) st_->pool->retain(pg);
-    }
-    return id;
+    return catch_alloc("fork", 0, [&]() -> Result<SeqId> {
+      typename State::NewLayers layers;
+      st_->make_layers(layers);
+      for (std::size_t l = 0; l < layers.v.size(); ++l) pool_detail::copy_exact((*p)->layers[l], layers.v[l]);
+      auto id = st_->open("fork", layers);
+      if (!id) return id;
+      for (const auto& L : st_->slots[id->index].layers)  // allocates nothing
+        for (const auto& table : L.pages)
+          for (const std::uint32_t pg : table) st_->pool->retain(pg);
+      return id;
+    });
   }
 
   /// Frees a sequence: its pages lose a reference (a page goes back to the free list, zeroed,
@@ -142,11 +151,12 @@ class BasicPagedCache {
   /// Errors, with nothing changed: stale handle; new_length < 0 or above a layer's tokens
   /// (Errc::invalid_argument); more than max_rollback_tokens dropped from any layer, or a layer
   /// whose rollback copies do not reach back far enough (after attach_prefix) (Errc::unsupported);
-  /// a shared page to cut but no free page to copy it to (Errc::capacity_exceeded).
+  /// a shared page to cut but no free page to copy it to (Errc::capacity_exceeded); the new
+  /// pending rows cannot be allocated (Errc::out_of_memory: they are built before the cut).
   Status truncate(SeqId id, std::int64_t new_length) {
     auto s = find(id, "truncate");
     if (!s) return s.error();
-    return st_->truncate(**s, new_length);
+    return catch_alloc("truncate", 0, [&] { return st_->truncate(**s, new_length); });
   }
 
   /// Appends n = positions.size() tokens to `layer` of the sequence, as KVCache::append:
@@ -155,7 +165,9 @@ class BasicPagedCache {
   /// Errors, with nothing written: stale handle, layer out of range, wrong sizes, a negative
   /// position (Errc::invalid_argument); more than shape.max_tokens tokens in the layer, or the
   /// page pool exhausted (Errc::capacity_exceeded, naming pages needed and free); NaN/Inf
-  /// (Errc::non_finite, naming layer, KV head, token and channel). n = 0 is a no-op.
+  /// (Errc::non_finite, naming layer, KV head, token and channel); Errc::out_of_memory when the
+  /// rows, page tables or page list cannot grow (every allocation is made before any change and
+  /// pages taken are returned: the sequence and the pool are as they were). n = 0 is a no-op.
   Status append(SeqId id, int layer, std::span<const float> k, std::span<const float> v,
                 std::span<const std::int32_t> positions) {
     auto s = find(id, "append");
@@ -164,30 +176,38 @@ class BasicPagedCache {
     auto& L = (*s)->layers[static_cast<std::size_t>(layer)];
     if (Status c = pool_detail::check_append(shape(), layer, L.total, k, v, positions); !c) return c;
     if (positions.empty()) return {};
-    const State& S = *st_;
-    std::vector<std::uint32_t> spare;
-    const std::size_t need = pool_detail::pages_for_append(L, *S.pool, static_cast<std::int64_t>(positions.size()),
-                                                          sink_tokens, residual_tokens, commit_unit, block_tokens);
-    if (Status t = st_->pool->take(need, spare, "append"); !t) return t;
-    std::reverse(spare.begin(), spare.end());  // commit pops from the back: each head's new pages ascend in memory
-    pool_detail::push(L, k, v, positions, row_floats(), sink_tokens, S.hist_cap);
-    pool_detail::commit<codec_hook>(L, *st_->pool, S.layout, shape().kv_heads, residual_tokens, spare);
-    for (const std::uint32_t p : spare) st_->pool->release(p);  // none left when the count was right
-    return {};
+    return catch_alloc("append", 0, [&]() -> Status {
+      const State& S = *st_;
+      const auto n = static_cast<std::int64_t>(positions.size());
+      // Reserve (rows, page tables, the spare list), take the pages, then change: nothing below
+      // the take allocates, and `spare` returns its pages if anything throws before they are used.
+      pool_detail::reserve_append<codec_hook>(L, n, row_floats(), sink_tokens, residual_tokens, block_tokens, S.hist_cap,
+                                              shape().head_dim);
+      SparePages spare(*st_->pool);
+      const std::size_t need = pool_detail::pages_for_append(L, *S.pool, n, sink_tokens, residual_tokens, commit_unit, block_tokens);
+      if (Status t = st_->pool->take(need, spare.pages, "append"); !t) return t;
+      std::reverse(spare.pages.begin(), spare.pages.end());  // commit pops from the back: each head's new pages ascend in memory
+      pool_detail::push(L, k, v, positions, row_floats(), sink_tokens, S.hist_cap);
+      pool_detail::commit<codec_hook>(L, *st_->pool, S.layout, shape().kv_heads, residual_tokens, spare.pages);
+      return {};  // `spare` releases what is left: nothing when the count was right
+    });
   }
 
   /// Attention of the last n_q tokens appended to `layer` of the sequence over everything it
   /// holds, exactly as KVCache::attend (same kernel, same segments: bit-identical on the same
   /// backend). q, out: [n_q][q_heads][head_dim]. Scratch lives in `ws` (one per thread).
-  /// Errors as KVCache::attend (invalid_argument, non_finite) plus a stale handle.
+  /// Errors as KVCache::attend (invalid_argument, non_finite) plus a stale handle;
+  /// Errc::out_of_memory when the scratch in `ws` cannot grow (the pool is only read).
   Status attend(SeqId id, int layer, std::span<const float> q, std::span<float> out, Workspace& ws) const {
     auto s = find(id, "attend");
     if (!s) return s.error();
     if (Status c = check_layer("attend", layer); !c) return c;
     const auto& L = (*s)->layers[static_cast<std::size_t>(layer)];
     if (Status c = pool_detail::check_queries(shape(), layer, L.chunk_tokens, q, out, 0); !c) return c;
-    attend_one(L, q, out, ws);
-    return pool_detail::check_output(shape(), layer, out, 0);
+    return catch_alloc("attend", 0, [&] {
+      attend_one(L, q, out, ws);
+      return pool_detail::check_output(shape(), layer, out, 0);
+    });
   }
 
   /// Batched decode: one query token for each of N = seqs.size() sequences (of any lengths) of
@@ -198,7 +218,9 @@ class BasicPagedCache {
   /// attend() of that sequence alone (same kernel and inputs; threads share no scratch).
   /// Errors, checked before anything runs (out untouched): stale handle (naming its index in
   /// seqs), bad layer, sizes, a sequence whose latest append is empty, non-finite q,
-  /// empty workspaces (Errc::invalid_argument / non_finite); after: a non-finite output.
+  /// empty workspaces (Errc::invalid_argument / non_finite); after: a non-finite output, or
+  /// Errc::out_of_memory when a workspace's scratch cannot grow (the pool is only read; the
+  /// other sequences' outputs are written).
   Status attend_batch(int layer, std::span<const SeqId> seqs, std::span<const float> q, std::span<float> out,
                       const Executor& exec, std::span<Workspace> workspaces) const {
     return batch(layer, seqs, q, nullptr, out, exec, workspaces);
@@ -227,12 +249,14 @@ class BasicPagedCache {
   /// and KV head) under the key hash(model id, codec format id, tokens[0, (k + 1) * B)). `tokens`
   /// are the token ids the sequence was fed, oldest first. Published pages gain a reference (they
   /// stay until clear_prefix_cache) and are read-only from then on. Returns the blocks newly
-  /// published. Errors: stale handle; Errc::unsupported with Sinks<N> (sink rows are not in pages).
+  /// published. Errors: stale handle; Errc::unsupported with Sinks<N> (sink rows are not in pages);
+  /// Errc::out_of_memory when an entry cannot be allocated: NOT all or nothing, the blocks before
+  /// the failing one stay published (each entry whole, its pages retained; the sequence unchanged).
   Result<std::int64_t> publish_prefix(SeqId id, std::string_view model_id, std::span<const std::int32_t> tokens) {
     auto s = find(id, "publish_prefix");
     if (!s) return s.error();
     if (sink_tokens > 0) return fail(Errc::unsupported, "publish_prefix: not available with Sinks<N> (sink rows are not paged)");
-    return st_->publish(**s, model_id, tokens);
+    return catch_alloc("publish_prefix", 0, [&]() -> Result<std::int64_t> { return st_->publish(**s, model_id, tokens); });
   }
 
   /// Prefix cache lookup for an EMPTY sequence about to receive `prompt` (all of it): attaches the
@@ -241,12 +265,13 @@ class BasicPagedCache {
   /// returns m * B: the caller appends prompt tokens from there on (positions as the publisher's).
   /// Decoding afterwards is bit-identical to a sequence that appended prompt[0, m * B) and the
   /// rest in two appends (prefill queries of the rest read the prefix quantized, not exact).
-  /// Errors: stale handle, a non-empty sequence (Errc::invalid_argument); Sinks<N> (Errc::unsupported).
+  /// Errors: stale handle, a non-empty sequence (Errc::invalid_argument); Sinks<N> (Errc::unsupported);
+  /// Errc::out_of_memory (nothing attached, no page retained; the page tables may keep capacity).
   Result<std::int64_t> attach_prefix(SeqId id, std::string_view model_id, std::span<const std::int32_t> prompt) {
     auto s = find(id, "attach_prefix");
     if (!s) return s.error();
     if (sink_tokens > 0) return fail(Errc::unsupported, "attach_prefix: not available with Sinks<N> (sink rows are not paged)");
-    return st_->attach(**s, model_id, prompt);
+    return catch_alloc("attach_prefix", 0, [&]() -> Result<std::int64_t> { return st_->attach(**s, model_id, prompt); });
   }
 
   /// Appends n full pages, given as their payload bytes, to a sequence that holds whole committed
@@ -261,12 +286,13 @@ class BasicPagedCache {
   /// whole number of pages, a sequence holding pending or uncommitted tokens or layers of
   /// different lengths, a negative position (Errc::invalid_argument); more than max_tokens, or
   /// the page pool short of n * layers * kv_heads free pages (Errc::capacity_exceeded, naming
-  /// pages needed and free); Sinks<N> (Errc::unsupported: sink rows are not paged).
+  /// pages needed and free); Sinks<N> (Errc::unsupported: sink rows are not paged);
+  /// Errc::out_of_memory when the page tables cannot grow (before any page is taken: nothing changed).
   Result<std::int64_t> import_pages(SeqId id, std::span<const std::byte> payloads) {
     auto s = find(id, "import_pages");
     if (!s) return s.error();
     if (sink_tokens > 0) return fail(Errc::unsupported, "import_pages: not available with Sinks<N> (sink rows are not paged)");
-    return st_->import_pages(**s, payloads);
+    return catch_alloc("import_pages", 0, [&]() -> Result<std::int64_t> { return st_->import_pages(**s, payloads); });
   }
 
   /// Drops every published prefix entry (their pages lose the cache's reference).
@@ -337,6 +363,10 @@ class BasicPagedCache {
                std::span<float> out, const Executor& exec, std::span<Workspace> workspaces) const {
     if (!st_) return moved("attend_batch");
     if (Status c = check_layer("attend_batch", layer); !c) return c;
+    return catch_alloc("attend_batch", 0, [&] { return batch_checked(layer, seqs, q, masks, out, exec, workspaces); });
+  }
+  Status batch_checked(int layer, std::span<const SeqId> seqs, std::span<const float> q, const BatchMask* masks,
+                       std::span<float> out, const Executor& exec, std::span<Workspace> workspaces) const {
     const std::size_t N = seqs.size(), qrow = static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(shape().head_dim);
     if (N == 0 || q.size() != N * qrow || out.size() != q.size() || workspaces.empty())
       return fail(Errc::invalid_argument, "attend_batch: need N >= 1 sequences, q and out of N * q_heads * head_dim = " +
@@ -358,14 +388,21 @@ class BasicPagedCache {
       if (Status c = pool_detail::check_masks(layer, *masks, tokens); !c) return c;
     }
     const int W = static_cast<int>(std::min(N, workspaces.size()));
+    // A task catches its own std::bad_alloc (scratch growth), so none escapes on an executor's thread.
+    std::vector<Status> res(static_cast<std::size_t>(W));
     auto task = [&](int w) {
-      for (std::size_t i = static_cast<std::size_t>(w); i < N; i += static_cast<std::size_t>(W))
-        attend_one(*Ls[i], q.subspan(i * qrow, qrow), out.subspan(i * qrow, qrow), workspaces[static_cast<std::size_t>(w)],
-                   masks ? masks->values.data() + masks->offsets[i] : nullptr);
+      res[static_cast<std::size_t>(w)] = catch_alloc("attend_batch", 0, [&]() -> Status {
+        for (std::size_t i = static_cast<std::size_t>(w); i < N; i += static_cast<std::size_t>(W))
+          attend_one(*Ls[i], q.subspan(i * qrow, qrow), out.subspan(i * qrow, qrow), workspaces[static_cast<std::size_t>(w)],
+                     masks ? masks->values.data() + masks->offsets[i] : nullptr);
+        return {};
+      });
     };
     if (exec) exec(W, task);
     else
       for (int w = 0; w < W; ++w) task(w);
+    for (Status& r : res)
+      if (!r) return r;
     for (std::size_t i = 0; i < N; ++i)
       if (Status c = pool_detail::check_output(shape(), layer, out.subspan(i * qrow, qrow), static_cast<std::int64_t>(i)); !c)
         return c;
