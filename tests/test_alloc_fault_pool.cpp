@@ -4,16 +4,17 @@
 //
 // Fault injection (tests/support/alloc_fault.hpp; an executable of its own, KVPACK_SOLO_TEST_REGEX):
 // armed with N, the N-th allocation inside a pool call throws std::bad_alloc, once. For N = 1,
-// 2, ... the script of tests/support/pool_fault_script.hpp runs (create, 33-token prefill of 2
-// layers, attend, fork, decode on both sides, attend_batch over both, truncate, prefix publish /
-// attach where available, free): each call must succeed or return Errc::out_of_memory whose
+// 2, ... PagedCache::create runs (failing: Errc::out_of_memory naming it), then the script of
+// tests/support/pool_fault_script.hpp (create_sequence, 33-token prefill of 2 layers, attend,
+// fork, decode on both sides, attend_batch over both, truncate, prefix publish / attach where
+// available, free): each call must succeed or return Errc::out_of_memory whose
 // message starts with the call's name; after a failure the snapshot (pool stats, every
 // sequence's tokens, page bytes, read_back or held tokens and slot order, a probe's attention)
 // equals the one before it, the call repeated without a fault succeeds, and the pool is then
 // exactly where the fault-free run was after that call. Every attention output equals the
 // fault-free run bit for bit, and after the last free (and clear_prefix_cache) every page is
 // free. The sweep ends at the first N that the whole script never reaches.
-// Pools: quantized with sinks and a residual window (truncate), the same without sinks (prefix
+// Pools: quantized with sinks and a residual window (truncate), another without sinks (prefix
 // publish/attach), H2O eviction (truncate answers Errc::unsupported there, every time).
 // Not covered, documented at the calls: SnapKV's prompt compression (no rollback), a
 // publish_prefix of several blocks (entries before a failed one stay published).
@@ -78,7 +79,18 @@ TYPED_TEST(PoolAllocFault, EveryFailedAllocationIsAnErrorAndChangesNothing) {
   for (long n = 1;; ++n) {
     g_countdown = n;
     g_fired = false;
-    auto pool = TypeParam::create(cfg).value();  // create itself is KVCache-like and not swept here
+    Result<TypeParam> made = [&] {
+      Arm a(true);
+      return TypeParam::create(cfg);
+    }();
+    if (!made) {  // the pool itself could not be made: an error naming the call, nothing kept
+      ASSERT_TRUE(g_fired) << made.error().message;
+      EXPECT_EQ(made.error().code, Errc::out_of_memory) << made.error().message;
+      EXPECT_EQ(made.error().message.rfind("PagedCache::create", 0), 0u) << made.error().message;
+      ++injected;
+      continue;
+    }
+    TypeParam pool = std::move(made).value();
     std::vector<SeqId> ids(kSeqs);
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const bool fired_before = g_fired;
@@ -116,7 +128,7 @@ TYPED_TEST(PoolAllocFault, EveryFailedAllocationIsAnErrorAndChangesNothing) {
       break;
     }
   }
-  EXPECT_GT(injected, 20) << "the sweep must hit create_sequence, fork, append, attend, attend_batch";
+  EXPECT_GT(injected, 20) << "the sweep must hit create, create_sequence, fork, append, attend, attend_batch";
 }
 
 }  // namespace

@@ -77,6 +77,7 @@ class PagePool {
   PagePool(const PagePool&) = delete;
   PagePool& operator=(const PagePool&) = delete;
   ~PagePool() {
+    if (!refs_) return;  // create() failed before the counts existed: no page was ever taken
     for (std::size_t i = 0; i < pages_; ++i)
       if (refs_[i].load(std::memory_order_relaxed) != 0) detail::secure_zero(data(static_cast<std::uint32_t>(i)), payload_);
   }

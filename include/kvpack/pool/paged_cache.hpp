@@ -64,22 +64,25 @@ class BasicPagedCache {
   /// Creates a pool: the page arena (PoolConfig::byte_budget), room for max_sequences handles.
   /// Errc::invalid_argument: a bad shape (as KVCache::create), max_sequences < 1,
   /// max_rollback_tokens < 0, a budget below one page; Errc::capacity_exceeded when the arena
-  /// cannot be allocated.
+  /// cannot be allocated; Errc::out_of_memory when the page headers, reference counts, free list
+  /// or slots cannot be (nothing kept).
   [[nodiscard]] static Result<BasicPagedCache> create(const PoolConfig& cfg) {
-    if (Status s = validate_shape(cfg.shape, codec_hook::K::row_group, codec_hook::V::row_group); !s) return s.error();
-    if (cfg.max_sequences < 1 || cfg.max_rollback_tokens < 0)
-      return fail(Errc::invalid_argument, "PagedCache::create: max_sequences must be >= 1 and max_rollback_tokens >= 0");
-    auto st = std::make_unique<State>();
-    st->cfg = cfg;
-    st->layout = make_block_layout<typename codec_hook::key_codec, typename codec_hook::value_codec,
-                                   codec_hook::keys_per_channel>(block_tokens, cfg.shape.head_dim);
-    auto pool = PagePool::create(st->layout.bytes, cfg.byte_budget, codec_hook::header(cfg.shape.head_dim));
-    if (!pool) return pool.error();
-    st->pool = std::move(pool.value());
-    st->hist_cap = cfg.max_rollback_tokens > 0 ? cfg.max_rollback_tokens + residual_tokens + commit_unit - 1 : 0;
-    st->slots = std::make_unique<Slot[]>(static_cast<std::size_t>(cfg.max_sequences));
-    st->free_slots.fill(cfg.max_sequences);
-    return Result<BasicPagedCache>(BasicPagedCache(std::move(st)));
+    return catch_alloc("PagedCache::create", 0, [&]() -> Result<BasicPagedCache> {
+      if (Status s = validate_shape(cfg.shape, codec_hook::K::row_group, codec_hook::V::row_group); !s) return s.error();
+      if (cfg.max_sequences < 1 || cfg.max_rollback_tokens < 0)
+        return fail(Errc::invalid_argument, "PagedCache::create: max_sequences must be >= 1 and max_rollback_tokens >= 0");
+      auto st = std::make_unique<State>();
+      st->cfg = cfg;
+      st->layout = make_block_layout<typename codec_hook::key_codec, typename codec_hook::value_codec,
+                                     codec_hook::keys_per_channel>(block_tokens, cfg.shape.head_dim);
+      auto pool = PagePool::create(st->layout.bytes, cfg.byte_budget, codec_hook::header(cfg.shape.head_dim));
+      if (!pool) return pool.error();
+      st->pool = std::move(pool.value());
+      st->hist_cap = cfg.max_rollback_tokens > 0 ? cfg.max_rollback_tokens + residual_tokens + commit_unit - 1 : 0;
+      st->slots = std::make_unique<Slot[]>(static_cast<std::size_t>(cfg.max_sequences));
+      st->free_slots.fill(cfg.max_sequences);
+      return Result<BasicPagedCache>(BasicPagedCache(std::move(st)));
+    });
   }
 
   BasicPagedCache(BasicPagedCache&&) noexcept = default;
@@ -301,31 +304,37 @@ class BasicPagedCache {
   }
 
   /// The page table of (layer, kv_head) of a sequence, oldest page first. Errc::invalid_argument:
-  /// stale handle or indices out of range.
+  /// stale handle or indices out of range; Errc::out_of_memory (the list cannot be allocated).
   [[nodiscard]] Result<std::vector<PageView>> pages(SeqId id, int layer, int kv_head) const {
     auto s = find(id, "pages");
     if (!s) return s.error();
     if (layer < 0 || layer >= shape().layers || kv_head < 0 || kv_head >= shape().kv_heads)
       return fail(Errc::invalid_argument, "pages: layer or kv_head out of range");
-    std::vector<PageView> v;
-    for (const std::uint32_t p : (*s)->layers[static_cast<std::size_t>(layer)].pages[static_cast<std::size_t>(kv_head)])
-      v.push_back({p, st_->pool->data(p), st_->pool->header(p), st_->pool->refs(p)});
-    return v;
+    return catch_alloc("pages", 0, [&]() -> Result<std::vector<PageView>> {
+      std::vector<PageView> v;
+      for (const std::uint32_t p : (*s)->layers[static_cast<std::size_t>(layer)].pages[static_cast<std::size_t>(kv_head)])
+        v.push_back({p, st_->pool->data(p), st_->pool->header(p), st_->pool->refs(p)});
+      return v;
+    });
   }
 
   /// Decodes everything (layer, kv_head) of the sequence holds as attention reads it (the latest
   /// append aside, which attend reads exactly), in cache-index order: as KVCache::read_back, for
-  /// float64 references. Errc::invalid_argument: stale handle or indices out of range.
+  /// float64 references. Errc::invalid_argument: stale handle or indices out of range;
+  /// Errc::out_of_memory (the contents cannot be allocated).
   [[nodiscard]] Result<HeadContents> read_back(SeqId id, int layer, int kv_head) const {
     auto s = find(id, "read_back");
     if (!s) return s.error();
     if (layer < 0 || layer >= shape().layers || kv_head < 0 || kv_head >= shape().kv_heads)
       return fail(Errc::invalid_argument, "read_back: layer or kv_head out of range");
-    return pool_detail::read_back<codec_hook>((*s)->layers[static_cast<std::size_t>(layer)], *st_->pool, st_->layout,
-                                              shape().kv_heads, kv_head);
+    return catch_alloc("read_back", 0, [&]() -> Result<HeadContents> {
+      return pool_detail::read_back<codec_hook>((*s)->layers[static_cast<std::size_t>(layer)], *st_->pool, st_->layout,
+                                                shape().kv_heads, kv_head);
+    });
   }
 
-  /// A snapshot of pool use (pool_types.hpp). Not synchronized with concurrent appends.
+  /// A snapshot of pool use (pool_types.hpp). Not synchronized with concurrent appends. No error
+  /// channel: may throw std::bad_alloc (the sequence list), changing nothing.
   [[nodiscard]] PoolStats stats() const { return st_ ? st_->stats() : PoolStats{}; }
   /// Bytes the pool holds: the whole arena, the per-page overhead, and every sequence's fp32 rows.
   [[nodiscard]] std::size_t memory_bytes() const {

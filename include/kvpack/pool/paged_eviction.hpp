@@ -71,22 +71,25 @@ class EvictingPagedCache {
   /// Creates a pool: the page arena (PoolConfig::byte_budget), room for max_sequences handles.
   /// Errc::invalid_argument: a bad shape or an eviction budget it cannot hold (as KVCache::create),
   /// max_sequences < 1, max_rollback_tokens < 0 (unused: no rollback), a budget below one page;
-  /// Errc::capacity_exceeded when the arena cannot be allocated.
+  /// Errc::capacity_exceeded when the arena cannot be allocated; Errc::out_of_memory when the
+  /// page headers, reference counts, free list or slots cannot be (nothing is kept).
   [[nodiscard]] static Result<EvictingPagedCache> create(const PoolConfig& cfg) {
-    if (Status s = validate_shape(cfg.shape, codec_hook::K::row_group, codec_hook::V::row_group); !s) return s.error();
-    if (Status s = eviction_hook::check(cfg.shape); !s) return s.error();
-    if (cfg.max_sequences < 1 || cfg.max_rollback_tokens < 0)
-      return fail(Errc::invalid_argument, "PagedCache::create: max_sequences must be >= 1 and max_rollback_tokens >= 0");
-    auto st = std::make_unique<State>();
-    st->cfg = cfg;
-    st->layout = make_block_layout<typename codec_hook::key_codec, typename codec_hook::value_codec, false>(
-        block_tokens, cfg.shape.head_dim);
-    auto pool = PagePool::create(st->layout.bytes, cfg.byte_budget, codec_hook::header(cfg.shape.head_dim));
-    if (!pool) return pool.error();
-    st->pool = std::move(pool.value());
-    st->slots = std::make_unique<Slot[]>(static_cast<std::size_t>(cfg.max_sequences));
-    st->free_slots.fill(cfg.max_sequences);
-    return Result<EvictingPagedCache>(EvictingPagedCache(std::move(st)));
+    return catch_alloc("PagedCache::create", 0, [&]() -> Result<EvictingPagedCache> {
+      if (Status s = validate_shape(cfg.shape, codec_hook::K::row_group, codec_hook::V::row_group); !s) return s.error();
+      if (Status s = eviction_hook::check(cfg.shape); !s) return s.error();
+      if (cfg.max_sequences < 1 || cfg.max_rollback_tokens < 0)
+        return fail(Errc::invalid_argument, "PagedCache::create: max_sequences must be >= 1 and max_rollback_tokens >= 0");
+      auto st = std::make_unique<State>();
+      st->cfg = cfg;
+      st->layout = make_block_layout<typename codec_hook::key_codec, typename codec_hook::value_codec, false>(
+          block_tokens, cfg.shape.head_dim);
+      auto pool = PagePool::create(st->layout.bytes, cfg.byte_budget, codec_hook::header(cfg.shape.head_dim));
+      if (!pool) return pool.error();
+      st->pool = std::move(pool.value());
+      st->slots = std::make_unique<Slot[]>(static_cast<std::size_t>(cfg.max_sequences));
+      st->free_slots.fill(cfg.max_sequences);
+      return Result<EvictingPagedCache>(EvictingPagedCache(std::move(st)));
+    });
   }
 
   /// Moves the pool (sequences, pages); the moved-from one answers every call with invalid_argument.
@@ -317,27 +320,32 @@ class EvictingPagedCache {
  public:
 
   /// The page table of (layer, kv_head) of a sequence, oldest page first (slot s in page s / B).
-  /// Errc::invalid_argument: stale handle or indices out of range.
+  /// Errc::invalid_argument: stale handle or indices out of range; Errc::out_of_memory.
   [[nodiscard]] Result<std::vector<PageView>> pages(SeqId id, int layer, int kv_head) const {
     auto s = find(id, "pages");
     if (!s) return s.error();
     if (Status c = check_head("pages", layer, kv_head); !c) return c.error();
-    std::vector<PageView> v;
-    for (const std::uint32_t p : (*s)->store.layer(layer).pages[static_cast<std::size_t>(kv_head)])
-      v.push_back({p, st_->pool->data(p), st_->pool->header(p), st_->pool->refs(p)});
-    return v;
+    return catch_alloc("pages", 0, [&]() -> Result<std::vector<PageView>> {
+      std::vector<PageView> v;
+      for (const std::uint32_t p : (*s)->store.layer(layer).pages[static_cast<std::size_t>(kv_head)])
+        v.push_back({p, st_->pool->data(p), st_->pool->header(p), st_->pool->refs(p)});
+      return v;
+    });
   }
   /// The cache index each slot of (layer, kv_head) holds (-1: free), slot order (HeadStore::slot_token).
-  /// Errc::invalid_argument: stale handle or indices out of range.
+  /// Errc::invalid_argument: stale handle or indices out of range; Errc::out_of_memory.
   [[nodiscard]] Result<std::vector<std::int32_t>> slot_tokens(SeqId id, int layer, int kv_head) const {
     auto s = find(id, "slot_tokens");
     if (!s) return s.error();
     if (Status c = check_head("slot_tokens", layer, kv_head); !c) return c.error();
-    return (*s)->store.layer(layer).heads[static_cast<std::size_t>(kv_head)].slot_token;
+    return catch_alloc("slot_tokens", 0, [&]() -> Result<std::vector<std::int32_t>> {
+      return (*s)->store.layer(layer).heads[static_cast<std::size_t>(kv_head)].slot_token;
+    });
   }
 
   /// A snapshot of pool use (pool_types.hpp); SequenceStats::exact_bytes also counts the slot
   /// bookkeeping (validity words, 8 bytes of cache index and score per slot, pending scores).
+  /// No error channel: may throw std::bad_alloc (the sequence list), changing nothing.
   [[nodiscard]] PoolStats stats() const { return st_ ? st_->stats() : PoolStats{}; }
   /// Bytes the pool holds: the arena, the per-page overhead, every sequence's exact_bytes.
   [[nodiscard]] std::size_t memory_bytes() const {

@@ -48,8 +48,9 @@ struct PoolState {
   PoolState& operator=(const PoolState&) = delete;
   ~PoolState() {
     if (!pool) return;
-    for (int i = 0; i < cfg.max_sequences; ++i)
-      if (slots[static_cast<std::size_t>(i)].is_live.load()) close(static_cast<std::uint32_t>(i));
+    if (slots)  // null when create() failed before allocating them
+      for (int i = 0; i < cfg.max_sequences; ++i)
+        if (slots[static_cast<std::size_t>(i)].is_live.load()) close(static_cast<std::uint32_t>(i));
     prefix.clear(*pool);
   }
 
