@@ -5,6 +5,8 @@
 // shared copy-on-write), truncate (exact rollback of rejected speculative tokens), batched decode
 // over the caller's executor, and a prefix cache of published full pages. With a token-level
 // eviction policy, PagedCache<...> names EvictingPagedCache (pool/paged_eviction.hpp) instead.
+// A failed allocation is Errc::out_of_memory with nothing changed (each call reserves, then
+// mutates; tests/test_alloc_fault_pool.cpp); publish_prefix alone may stop part way.
 // DESIGN.md "Paged pool".
 #pragma once
 
@@ -187,7 +189,8 @@ class BasicPagedCache {
       pool_detail::reserve_append<codec_hook>(L, n, row_floats(), sink_tokens, residual_tokens, block_tokens, S.hist_cap,
                                               shape().head_dim);
       SparePages spare(*st_->pool);
-      const std::size_t need = pool_detail::pages_for_append(L, *S.pool, n, sink_tokens, residual_tokens, commit_unit, block_tokens);
+      const std::size_t need =
+          pool_detail::pages_for_append(L, *S.pool, n, sink_tokens, residual_tokens, commit_unit, block_tokens);
       if (Status t = st_->pool->take(need, spare.pages, "append"); !t) return t;
       std::reverse(spare.pages.begin(), spare.pages.end());  // commit pops from the back: each head's new pages ascend in memory
       pool_detail::push(L, k, v, positions, row_floats(), sink_tokens, S.hist_cap);

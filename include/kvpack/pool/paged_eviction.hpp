@@ -6,6 +6,9 @@
 // token lifecycle, hook calls and kernel calls are KVCache's (kv_cache.hpp, cache/append_tokens.hpp)
 // in the same order, so a pool sequence and a KVCache<same policies> fed the same appends and
 // attends hold the same slots and codes and attend bit-identically (tests/test_pool_evict.cpp).
+// A failed allocation is Errc::out_of_memory with nothing changed (tests/test_alloc_fault_pool.cpp),
+// except in SnapKV's prompt compression (append's first single token, compress_prompt), which
+// allocates as it compacts and is not rolled back, as in KVCache (cache/append_tokens.hpp).
 // DESIGN.md "Paged pool".
 #pragma once
 
@@ -411,7 +414,8 @@ class EvictingPagedCache {
   // nothing (ws.refs has the room run_kernels() gave it for this sequence) except SnapKV's
   // observation window, which reserves before it changes.
   void credit(Seq& s, int layer, std::span<const float> q, Workspace& ws, std::vector<std::vector<float>>& mass) {
-    const auto n_q = static_cast<std::int64_t>(q.size() / (static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(shape().head_dim)));
+    const std::size_t qrow = static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(shape().head_dim);
+    const auto n_q = static_cast<std::int64_t>(q.size() / qrow);
     if constexpr (eviction_hook::wants_mass)
       for (int h = 0; h < shape().kv_heads; ++h)
         s.hook.on_mass(s.store, layer, h, s.store.segments(layer, h, s.hook, 0, ws.refs), mass[static_cast<std::size_t>(h)]);
