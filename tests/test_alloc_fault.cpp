@@ -2,8 +2,8 @@
 // process with an uncaught std::bad_alloc; now every allocation reachable from create, append and
 // attend that fails gives Errc::out_of_memory, and a failed call leaves the cache as it was.
 //
-// Fault injection: this file replaces global operator new (so it has an executable of its own:
-// KVPACK_SOLO_TEST_REGEX in tests/CMakeLists.txt). Armed with N, the N-th allocation throws
+// Fault injection: this file replaces global operator new (tests/support/alloc_fault.hpp, so it
+// has an executable of its own: KVPACK_SOLO_TEST_REGEX in tests/CMakeLists.txt). Armed with N, the N-th allocation throws
 // std::bad_alloc, once. For N = 1, 2, ... a create + prefill + attend + decode + chunk sequence
 // runs with the fault armed; each call must succeed or return Errc::out_of_memory with the cache
 // unchanged (read_back of every head, tokens, memory_bytes), the failed call then succeeds when
@@ -19,51 +19,12 @@
 #include <vector>
 
 #include "kvpack/kvpack.hpp"
+#include "support/alloc_fault.hpp"  // the operator new / delete replacements, g_countdown, g_fired, Arm
 #include "support/reference.hpp"
-
-namespace {
-long g_countdown = 0;  // while armed and > 0: the allocation that brings it to 0 throws (once)
-bool g_armed = false;  // counting only inside kvpack calls (single-threaded test)
-bool g_fired = false;
-
-void* counted_alloc(std::size_t n) {
-  if (g_armed && g_countdown > 0 && --g_countdown == 0) {
-    g_fired = true;
-    throw std::bad_alloc();
-  }
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-}  // namespace
-
-void* operator new(std::size_t n) { return counted_alloc(n); }
-void* operator new[](std::size_t n) { return counted_alloc(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-// The nothrow forms too (the cache's fit_payload uses one): they count toward the fault like the
-// others, and under AddressSanitizer an unreplaced form would come from its allocator while our
-// delete frees with std::free (an alloc-dealloc mismatch).
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return counted_alloc(n);
-  } catch (const std::bad_alloc&) {
-    return nullptr;
-  }
-}
-void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return operator new(n, t); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace {
 
 using namespace kvpack;  // NOLINT: test file
-
-struct Arm {  // counts allocations toward the fault for the scope of one call
-  explicit Arm(bool on) { g_armed = on; }
-  ~Arm() { g_armed = false; }
-};
 
 const ModelShape kShape{.layers = 2, .q_heads = 4, .kv_heads = 2, .head_dim = 32, .max_tokens = 256};
 

@@ -43,13 +43,17 @@ struct EvictPoolState {
     if (id.index >= static_cast<std::uint32_t>(cfg.max_sequences)) return false;
     return slots[id.index].names(id);
   }
-  /// Takes a free slot and makes an empty sequence in it. Errc::capacity_exceeded when none is free.
-  Result<SeqId> open(const char* what) {
+  /// An empty sequence of this pool, not yet in a slot. May throw std::bad_alloc.
+  [[nodiscard]] std::unique_ptr<Seq> make_seq() { return std::make_unique<Seq>(*pool, cfg.shape, layout); }
+  /// Takes a free slot and moves `seq` (made by make_seq, filled before: every allocation is done
+  /// before a slot is taken) into it; allocates nothing. Errc::capacity_exceeded when none is
+  /// free (`seq` is dropped then: its page references released, its rows zeroed).
+  Result<SeqId> open(const char* what, std::unique_ptr<Seq> seq) {
     auto taken = free_slots.take(what, cfg.max_sequences);
     if (!taken) return taken.error();
     const std::uint32_t i = *taken;
     Slot& s = slots[i];
-    s.seq = std::make_unique<Seq>(*pool, cfg.shape, layout);
+    s.seq = std::move(seq);
     return s.publish(i);
   }
   /// Releases slot i: the handle goes stale, the sequence's pages lose a reference, rows are zeroed.

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvpack/cache/alloc_guard.hpp"
 #include "kvpack/cache/block.hpp"
 #include "kvpack/cache/exact_segments.hpp"
 #include "kvpack/cache/head_store.hpp"
@@ -71,8 +72,22 @@ class PagedEvictStore {
   ~PagedEvictStore() { release_all(); }
 
   /// A copy of `o` sharing every page (each gains a reference): fork. fp32 rows, scores and
-  /// slot bookkeeping are copied.
+  /// slot bookkeeping are copied. May throw std::bad_alloc: then no page was retained and this
+  /// store's page tables are empty (its rows are zeroed when it is dropped).
   void share_from(const PagedEvictStore& o) {
+    try {
+      copy_from(o);
+    } catch (...) {
+      for (Layer& T : layers_)
+        for (auto& table : T.pages) table.clear();  // copied ids without a reference: never release them
+      throw;
+    }
+    for (const Layer& T : layers_)
+      for (const auto& table : T.pages)
+        for (const std::uint32_t p : table) pool_->retain(p);
+  }
+  // share_from's copies, without the references.
+  void copy_from(const PagedEvictStore& o) {
     for (std::size_t l = 0; l < layers_.size(); ++l) {
       const Layer& F = o.layers_[l];
       Layer& T = layers_[l];
@@ -85,8 +100,6 @@ class PagedEvictStore {
         b.valid = a.valid, b.slot_token = a.slot_token, b.slot_score = a.slot_score, b.free_slots = a.free_slots;
         b.live = a.live;
       }
-      for (const auto& table : T.pages)
-        for (const std::uint32_t p : table) pool_->retain(p);
     }
   }
   /// Drops every page reference (a page's last one zeroes it) and zeroes the fp32 rows.
@@ -152,6 +165,39 @@ class PagedEvictStore {
     }
     return need;
   }
+  /// Allocates ahead everything push() and the lazy commit plus enforce of an append of n tokens
+  /// to layer li need (the chunk copy, sink and pending rows, page tables and slot bookkeeping of
+  /// every KV head with room for every slot to be freed, the codec's encode buffers), by the rule
+  /// of SequenceStore::reserve_append (evicting branch), so that they allocate nothing after it.
+  /// May throw std::bad_alloc, leaving the contents unchanged (only capacities grow). SnapKV's
+  /// prompt compression (before_append) is not covered: it allocates as it compacts.
+  template <class Hook>
+  void reserve_append(int li, std::int64_t n, const Hook& hook) {
+    Layer& L = layer(li);
+    const std::size_t row = row_floats();
+    const auto nz = static_cast<std::size_t>(n);
+    reserve_geometric(L.chunk_k, nz * row), reserve_geometric(L.chunk_v, nz * row);
+    const auto to_sinks = static_cast<std::size_t>(std::clamp<std::int64_t>(SinkTokens - L.sinks_held, 0, n));
+    reserve_geometric(L.sink_k, L.sink_k.size() + to_sinks * row), reserve_geometric(L.sink_v, L.sink_v.size() + to_sinks * row);
+    reserve_geometric(L.sink_pos, L.sink_pos.size() + to_sinks);
+    L.pend.reserve(nz - to_sinks);
+    Codec::reserve_encode(shape_.head_dim);
+    const std::int64_t keep = std::max<std::int64_t>(ResidualTokens, hook.keep_exact(*this, li));
+    const std::int64_t n_commit = std::max<std::int64_t>(0, L.pend.size() - keep);  // committed before the push
+    const auto B = static_cast<std::size_t>(layout_.tokens);
+    for (std::size_t h = 0; h < L.heads.size(); ++h) {
+      HeadStore& H = L.heads[h];
+      std::int64_t after = H.slots() + std::max<std::int64_t>(0, n_commit - static_cast<std::int64_t>(H.free_slots.size()));
+      if constexpr (Hook::evicts_continuously)
+        if (hook.budget() > 0) after = std::min(after, std::max(H.slots(), hook.budget() + 1));
+      const std::size_t blocks = (static_cast<std::size_t>(after) + B - 1) / B;
+      reserve_geometric(L.pages[h], blocks);
+      reserve_geometric(H.valid, blocks * HeadStore::words_per_block(layout_.tokens));
+      reserve_geometric(H.slot_token, blocks * B), reserve_geometric(H.slot_score, blocks * B);
+      reserve_geometric(H.free_slots, blocks * B);
+    }
+  }
+
   /// Sets the pages the next operation draws from (nullptr after it).
   void set_spare(std::vector<std::uint32_t>* spare) noexcept { spare_ = spare; }
 

@@ -77,6 +77,7 @@ class PagePool {
   PagePool(const PagePool&) = delete;
   PagePool& operator=(const PagePool&) = delete;
   ~PagePool() {
+    if (!refs_) return;  // create() failed before the counts existed: no page was ever taken
     for (std::size_t i = 0; i < pages_; ++i)
       if (refs_[i].load(std::memory_order_relaxed) != 0) detail::secure_zero(data(static_cast<std::uint32_t>(i)), payload_);
   }
@@ -97,8 +98,10 @@ class PagePool {
 
   /// Takes `n` zeroed pages, each with one reference and a fresh header, appending their ids to
   /// `out`: all or nothing. Errc::capacity_exceeded (naming `what`, the need and what is free)
-  /// when fewer than n are free; nothing is taken then.
+  /// when fewer than n are free; nothing is taken then. May throw std::bad_alloc growing `out`,
+  /// before any page is taken (nothing taken then either).
   [[nodiscard]] Status take(std::size_t n, std::vector<std::uint32_t>& out, const char* what) {
+    out.reserve(out.size() + n);  // the only allocation, before the free list changes
     std::lock_guard<std::mutex> g(mu_);
     if (free_.size() < n)
       return fail(Errc::capacity_exceeded, std::string(what) + ": page pool exhausted: " + std::to_string(n) +
@@ -156,6 +159,20 @@ class PagePool {
   BlockHeader proto_;
   mutable std::mutex mu_;
   std::vector<std::uint32_t> free_;
+};
+
+/// Pages taken for one operation (PagePool::take into `pages`), released when the operation is
+/// over: those it did not use on success, and all of them when it leaves by an exception
+/// (std::bad_alloc), so a failed call never leaks pages. Release allocates nothing.
+struct SparePages {
+  PagePool& pool;
+  std::vector<std::uint32_t> pages;
+  explicit SparePages(PagePool& p) noexcept : pool(p) {}
+  SparePages(const SparePages&) = delete;
+  SparePages& operator=(const SparePages&) = delete;
+  ~SparePages() {
+    for (const std::uint32_t p : pages) pool.release(p);
+  }
 };
 
 }  // namespace kvpack

@@ -5,6 +5,8 @@
 // shared copy-on-write), truncate (exact rollback of rejected speculative tokens), batched decode
 // over the caller's executor, and a prefix cache of published full pages. With a token-level
 // eviction policy, PagedCache<...> names EvictingPagedCache (pool/paged_eviction.hpp) instead.
+// A failed allocation is Errc::out_of_memory with nothing changed (each call reserves, then
+// mutates; tests/test_alloc_fault_pool.cpp); publish_prefix alone may stop part way.
 // DESIGN.md "Paged pool".
 #pragma once
 
@@ -21,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kvpack/cache/alloc_guard.hpp"
 #include "kvpack/cache/workspace.hpp"
 #include "kvpack/executor.hpp"
 #include "kvpack/kv_cache.hpp"
@@ -63,22 +66,25 @@ class BasicPagedCache {
   /// Creates a pool: the page arena (PoolConfig::byte_budget), room for max_sequences handles.
   /// Errc::invalid_argument: a bad shape (as KVCache::create), max_sequences < 1,
   /// max_rollback_tokens < 0, a budget below one page; Errc::capacity_exceeded when the arena
-  /// cannot be allocated.
+  /// cannot be allocated; Errc::out_of_memory when the page headers, reference counts, free list
+  /// or slots cannot be (nothing kept).
   [[nodiscard]] static Result<BasicPagedCache> create(const PoolConfig& cfg) {
-    if (Status s = validate_shape(cfg.shape, codec_hook::K::row_group, codec_hook::V::row_group); !s) return s.error();
-    if (cfg.max_sequences < 1 || cfg.max_rollback_tokens < 0)
-      return fail(Errc::invalid_argument, "PagedCache::create: max_sequences must be >= 1 and max_rollback_tokens >= 0");
-    auto st = std::make_unique<State>();
-    st->cfg = cfg;
-    st->layout = make_block_layout<typename codec_hook::key_codec, typename codec_hook::value_codec,
-                                   codec_hook::keys_per_channel>(block_tokens, cfg.shape.head_dim);
-    auto pool = PagePool::create(st->layout.bytes, cfg.byte_budget, codec_hook::header(cfg.shape.head_dim));
-    if (!pool) return pool.error();
-    st->pool = std::move(pool.value());
-    st->hist_cap = cfg.max_rollback_tokens > 0 ? cfg.max_rollback_tokens + residual_tokens + commit_unit - 1 : 0;
-    st->slots = std::make_unique<Slot[]>(static_cast<std::size_t>(cfg.max_sequences));
-    st->free_slots.fill(cfg.max_sequences);
-    return Result<BasicPagedCache>(BasicPagedCache(std::move(st)));
+    return catch_alloc("PagedCache::create", 0, [&]() -> Result<BasicPagedCache> {
+      if (Status s = validate_shape(cfg.shape, codec_hook::K::row_group, codec_hook::V::row_group); !s) return s.error();
+      if (cfg.max_sequences < 1 || cfg.max_rollback_tokens < 0)
+        return fail(Errc::invalid_argument, "PagedCache::create: max_sequences must be >= 1 and max_rollback_tokens >= 0");
+      auto st = std::make_unique<State>();
+      st->cfg = cfg;
+      st->layout = make_block_layout<typename codec_hook::key_codec, typename codec_hook::value_codec,
+                                     codec_hook::keys_per_channel>(block_tokens, cfg.shape.head_dim);
+      auto pool = PagePool::create(st->layout.bytes, cfg.byte_budget, codec_hook::header(cfg.shape.head_dim));
+      if (!pool) return pool.error();
+      st->pool = std::move(pool.value());
+      st->hist_cap = cfg.max_rollback_tokens > 0 ? cfg.max_rollback_tokens + residual_tokens + commit_unit - 1 : 0;
+      st->slots = std::make_unique<Slot[]>(static_cast<std::size_t>(cfg.max_sequences));
+      st->free_slots.fill(cfg.max_sequences);
+      return Result<BasicPagedCache>(BasicPagedCache(std::move(st)));
+    });
   }
 
   BasicPagedCache(BasicPagedCache&&) noexcept = default;
@@ -87,28 +93,36 @@ class BasicPagedCache {
   BasicPagedCache& operator=(const BasicPagedCache&) = delete;
   ~BasicPagedCache() = default;  // State releases and zeroes everything
 
-  /// A new empty sequence. Errc::capacity_exceeded when max_sequences are live.
+  /// A new empty sequence. Errc::capacity_exceeded when max_sequences are live;
+  /// Errc::out_of_memory when its layers cannot be allocated (nothing changed).
   [[nodiscard]] Result<SeqId> create_sequence() {
     if (!st_) return moved("create_sequence");
-    return st_->open("create_sequence");
+    return catch_alloc("create_sequence", 0, [&] {
+      typename State::NewLayers layers;
+      st_->make_layers(layers);
+      return st_->open("create_sequence", layers);
+    });
   }
 
   /// A new sequence equal to `parent`: every page of the parent is shared (reference-counted,
   /// copy-on-write: an append or truncate on either side copies a shared page before changing it,
   /// so neither ever sees the other's later tokens); fp32 rows are copied. Errors: a stale handle
-  /// (Errc::invalid_argument), max_sequences live (Errc::capacity_exceeded).
+  /// (Errc::invalid_argument), max_sequences live (Errc::capacity_exceeded), the copies cannot be
+  /// allocated (Errc::out_of_memory: they are made before a slot is taken, nothing changed).
   [[nodiscard]] Result<SeqId> fork(SeqId parent) {
     auto p = find(parent, "fork");
     if (!p) return p.error();
-    auto id = st_->open("fork");
-    if (!id) return id;
-    Slot& c = st_->slots[id->index];
-    for (std::size_t l = 0; l < c.layers.size(); ++l) {
-      pool_detail::copy_exact((*p)->layers[l], c.layers[l]);
-      for (const auto& table : c.layers[l].pages)
-        for (const std::uint32_t pg : table) st_->pool->retain(pg);
-    }
-    return id;
+    return catch_alloc("fork", 0, [&]() -> Result<SeqId> {
+      typename State::NewLayers layers;
+      st_->make_layers(layers);
+      for (std::size_t l = 0; l < layers.v.size(); ++l) pool_detail::copy_exact((*p)->layers[l], layers.v[l]);
+      auto id = st_->open("fork", layers);
+      if (!id) return id;
+      for (const auto& L : st_->slots[id->index].layers)  // allocates nothing
+        for (const auto& table : L.pages)
+          for (const std::uint32_t pg : table) st_->pool->retain(pg);
+      return id;
+    });
   }
 
   /// Frees a sequence: its pages lose a reference (a page goes back to the free list, zeroed,
@@ -142,11 +156,12 @@ class BasicPagedCache {
   /// Errors, with nothing changed: stale handle; new_length < 0 or above a layer's tokens
   /// (Errc::invalid_argument); more than max_rollback_tokens dropped from any layer, or a layer
   /// whose rollback copies do not reach back far enough (after attach_prefix) (Errc::unsupported);
-  /// a shared page to cut but no free page to copy it to (Errc::capacity_exceeded).
+  /// a shared page to cut but no free page to copy it to (Errc::capacity_exceeded); the new
+  /// pending rows cannot be allocated (Errc::out_of_memory: they are built before the cut).
   Status truncate(SeqId id, std::int64_t new_length) {
     auto s = find(id, "truncate");
     if (!s) return s.error();
-    return st_->truncate(**s, new_length);
+    return catch_alloc("truncate", 0, [&] { return st_->truncate(**s, new_length); });
   }
 
   /// Appends n = positions.size() tokens to `layer` of the sequence, as KVCache::append:
@@ -155,7 +170,9 @@ class BasicPagedCache {
   /// Errors, with nothing written: stale handle, layer out of range, wrong sizes, a negative
   /// position (Errc::invalid_argument); more than shape.max_tokens tokens in the layer, or the
   /// page pool exhausted (Errc::capacity_exceeded, naming pages needed and free); NaN/Inf
-  /// (Errc::non_finite, naming layer, KV head, token and channel). n = 0 is a no-op.
+  /// (Errc::non_finite, naming layer, KV head, token and channel); Errc::out_of_memory when the
+  /// rows, page tables or page list cannot grow (every allocation is made before any change and
+  /// pages taken are returned: the sequence and the pool are as they were). n = 0 is a no-op.
   Status append(SeqId id, int layer, std::span<const float> k, std::span<const float> v,
                 std::span<const std::int32_t> positions) {
     auto s = find(id, "append");
@@ -164,30 +181,39 @@ class BasicPagedCache {
     auto& L = (*s)->layers[static_cast<std::size_t>(layer)];
     if (Status c = pool_detail::check_append(shape(), layer, L.total, k, v, positions); !c) return c;
     if (positions.empty()) return {};
-    const State& S = *st_;
-    std::vector<std::uint32_t> spare;
-    const std::size_t need = pool_detail::pages_for_append(L, *S.pool, static_cast<std::int64_t>(positions.size()),
-                                                          sink_tokens, residual_tokens, commit_unit, block_tokens);
-    if (Status t = st_->pool->take(need, spare, "append"); !t) return t;
-    std::reverse(spare.begin(), spare.end());  // commit pops from the back: each head's new pages ascend in memory
-    pool_detail::push(L, k, v, positions, row_floats(), sink_tokens, S.hist_cap);
-    pool_detail::commit<codec_hook>(L, *st_->pool, S.layout, shape().kv_heads, residual_tokens, spare);
-    for (const std::uint32_t p : spare) st_->pool->release(p);  // none left when the count was right
-    return {};
+    return catch_alloc("append", 0, [&]() -> Status {
+      const State& S = *st_;
+      const auto n = static_cast<std::int64_t>(positions.size());
+      // Reserve (rows, page tables, the spare list), take the pages, then change: nothing below
+      // the take allocates, and `spare` returns its pages if anything throws before they are used.
+      pool_detail::reserve_append<codec_hook>(L, n, row_floats(), sink_tokens, residual_tokens, block_tokens, S.hist_cap,
+                                              shape().head_dim);
+      SparePages spare(*st_->pool);
+      const std::size_t need =
+          pool_detail::pages_for_append(L, *S.pool, n, sink_tokens, residual_tokens, commit_unit, block_tokens);
+      if (Status t = st_->pool->take(need, spare.pages, "append"); !t) return t;
+      std::reverse(spare.pages.begin(), spare.pages.end());  // commit pops from the back: each head's new pages ascend in memory
+      pool_detail::push(L, k, v, positions, row_floats(), sink_tokens, S.hist_cap);
+      pool_detail::commit<codec_hook>(L, *st_->pool, S.layout, shape().kv_heads, residual_tokens, spare.pages);
+      return {};  // `spare` releases what is left: nothing when the count was right
+    });
   }
 
   /// Attention of the last n_q tokens appended to `layer` of the sequence over everything it
   /// holds, exactly as KVCache::attend (same kernel, same segments: bit-identical on the same
   /// backend). q, out: [n_q][q_heads][head_dim]. Scratch lives in `ws` (one per thread).
-  /// Errors as KVCache::attend (invalid_argument, non_finite) plus a stale handle.
+  /// Errors as KVCache::attend (invalid_argument, non_finite) plus a stale handle;
+  /// Errc::out_of_memory when the scratch in `ws` cannot grow (the pool is only read).
   Status attend(SeqId id, int layer, std::span<const float> q, std::span<float> out, Workspace& ws) const {
     auto s = find(id, "attend");
     if (!s) return s.error();
     if (Status c = check_layer("attend", layer); !c) return c;
     const auto& L = (*s)->layers[static_cast<std::size_t>(layer)];
     if (Status c = pool_detail::check_queries(shape(), layer, L.chunk_tokens, q, out, 0); !c) return c;
-    attend_one(L, q, out, ws);
-    return pool_detail::check_output(shape(), layer, out, 0);
+    return catch_alloc("attend", 0, [&] {
+      attend_one(L, q, out, ws);
+      return pool_detail::check_output(shape(), layer, out, 0);
+    });
   }
 
   /// Batched decode: one query token for each of N = seqs.size() sequences (of any lengths) of
@@ -198,7 +224,9 @@ class BasicPagedCache {
   /// attend() of that sequence alone (same kernel and inputs; threads share no scratch).
   /// Errors, checked before anything runs (out untouched): stale handle (naming its index in
   /// seqs), bad layer, sizes, a sequence whose latest append is empty, non-finite q,
-  /// empty workspaces (Errc::invalid_argument / non_finite); after: a non-finite output.
+  /// empty workspaces (Errc::invalid_argument / non_finite); after: a non-finite output, or
+  /// Errc::out_of_memory when a workspace's scratch cannot grow (the pool is only read; the
+  /// other sequences' outputs are written).
   Status attend_batch(int layer, std::span<const SeqId> seqs, std::span<const float> q, std::span<float> out,
                       const Executor& exec, std::span<Workspace> workspaces) const {
     return batch(layer, seqs, q, nullptr, out, exec, workspaces);
@@ -227,12 +255,14 @@ class BasicPagedCache {
   /// and KV head) under the key hash(model id, codec format id, tokens[0, (k + 1) * B)). `tokens`
   /// are the token ids the sequence was fed, oldest first. Published pages gain a reference (they
   /// stay until clear_prefix_cache) and are read-only from then on. Returns the blocks newly
-  /// published. Errors: stale handle; Errc::unsupported with Sinks<N> (sink rows are not in pages).
+  /// published. Errors: stale handle; Errc::unsupported with Sinks<N> (sink rows are not in pages);
+  /// Errc::out_of_memory when an entry cannot be allocated: NOT all or nothing, the blocks before
+  /// the failing one stay published (each entry whole, its pages retained; the sequence unchanged).
   Result<std::int64_t> publish_prefix(SeqId id, std::string_view model_id, std::span<const std::int32_t> tokens) {
     auto s = find(id, "publish_prefix");
     if (!s) return s.error();
     if (sink_tokens > 0) return fail(Errc::unsupported, "publish_prefix: not available with Sinks<N> (sink rows are not paged)");
-    return st_->publish(**s, model_id, tokens);
+    return catch_alloc("publish_prefix", 0, [&]() -> Result<std::int64_t> { return st_->publish(**s, model_id, tokens); });
   }
 
   /// Prefix cache lookup for an EMPTY sequence about to receive `prompt` (all of it): attaches the
@@ -241,12 +271,13 @@ class BasicPagedCache {
   /// returns m * B: the caller appends prompt tokens from there on (positions as the publisher's).
   /// Decoding afterwards is bit-identical to a sequence that appended prompt[0, m * B) and the
   /// rest in two appends (prefill queries of the rest read the prefix quantized, not exact).
-  /// Errors: stale handle, a non-empty sequence (Errc::invalid_argument); Sinks<N> (Errc::unsupported).
+  /// Errors: stale handle, a non-empty sequence (Errc::invalid_argument); Sinks<N> (Errc::unsupported);
+  /// Errc::out_of_memory (nothing attached, no page retained; the page tables may keep capacity).
   Result<std::int64_t> attach_prefix(SeqId id, std::string_view model_id, std::span<const std::int32_t> prompt) {
     auto s = find(id, "attach_prefix");
     if (!s) return s.error();
     if (sink_tokens > 0) return fail(Errc::unsupported, "attach_prefix: not available with Sinks<N> (sink rows are not paged)");
-    return st_->attach(**s, model_id, prompt);
+    return catch_alloc("attach_prefix", 0, [&]() -> Result<std::int64_t> { return st_->attach(**s, model_id, prompt); });
   }
 
   /// Appends n full pages, given as their payload bytes, to a sequence that holds whole committed
@@ -261,12 +292,13 @@ class BasicPagedCache {
   /// whole number of pages, a sequence holding pending or uncommitted tokens or layers of
   /// different lengths, a negative position (Errc::invalid_argument); more than max_tokens, or
   /// the page pool short of n * layers * kv_heads free pages (Errc::capacity_exceeded, naming
-  /// pages needed and free); Sinks<N> (Errc::unsupported: sink rows are not paged).
+  /// pages needed and free); Sinks<N> (Errc::unsupported: sink rows are not paged);
+  /// Errc::out_of_memory when the page tables cannot grow (before any page is taken: nothing changed).
   Result<std::int64_t> import_pages(SeqId id, std::span<const std::byte> payloads) {
     auto s = find(id, "import_pages");
     if (!s) return s.error();
     if (sink_tokens > 0) return fail(Errc::unsupported, "import_pages: not available with Sinks<N> (sink rows are not paged)");
-    return st_->import_pages(**s, payloads);
+    return catch_alloc("import_pages", 0, [&]() -> Result<std::int64_t> { return st_->import_pages(**s, payloads); });
   }
 
   /// Drops every published prefix entry (their pages lose the cache's reference).
@@ -275,31 +307,37 @@ class BasicPagedCache {
   }
 
   /// The page table of (layer, kv_head) of a sequence, oldest page first. Errc::invalid_argument:
-  /// stale handle or indices out of range.
+  /// stale handle or indices out of range; Errc::out_of_memory (the list cannot be allocated).
   [[nodiscard]] Result<std::vector<PageView>> pages(SeqId id, int layer, int kv_head) const {
     auto s = find(id, "pages");
     if (!s) return s.error();
     if (layer < 0 || layer >= shape().layers || kv_head < 0 || kv_head >= shape().kv_heads)
       return fail(Errc::invalid_argument, "pages: layer or kv_head out of range");
-    std::vector<PageView> v;
-    for (const std::uint32_t p : (*s)->layers[static_cast<std::size_t>(layer)].pages[static_cast<std::size_t>(kv_head)])
-      v.push_back({p, st_->pool->data(p), st_->pool->header(p), st_->pool->refs(p)});
-    return v;
+    return catch_alloc("pages", 0, [&]() -> Result<std::vector<PageView>> {
+      std::vector<PageView> v;
+      for (const std::uint32_t p : (*s)->layers[static_cast<std::size_t>(layer)].pages[static_cast<std::size_t>(kv_head)])
+        v.push_back({p, st_->pool->data(p), st_->pool->header(p), st_->pool->refs(p)});
+      return v;
+    });
   }
 
   /// Decodes everything (layer, kv_head) of the sequence holds as attention reads it (the latest
   /// append aside, which attend reads exactly), in cache-index order: as KVCache::read_back, for
-  /// float64 references. Errc::invalid_argument: stale handle or indices out of range.
+  /// float64 references. Errc::invalid_argument: stale handle or indices out of range;
+  /// Errc::out_of_memory (the contents cannot be allocated).
   [[nodiscard]] Result<HeadContents> read_back(SeqId id, int layer, int kv_head) const {
     auto s = find(id, "read_back");
     if (!s) return s.error();
     if (layer < 0 || layer >= shape().layers || kv_head < 0 || kv_head >= shape().kv_heads)
       return fail(Errc::invalid_argument, "read_back: layer or kv_head out of range");
-    return pool_detail::read_back<codec_hook>((*s)->layers[static_cast<std::size_t>(layer)], *st_->pool, st_->layout,
-                                              shape().kv_heads, kv_head);
+    return catch_alloc("read_back", 0, [&]() -> Result<HeadContents> {
+      return pool_detail::read_back<codec_hook>((*s)->layers[static_cast<std::size_t>(layer)], *st_->pool, st_->layout,
+                                                shape().kv_heads, kv_head);
+    });
   }
 
-  /// A snapshot of pool use (pool_types.hpp). Not synchronized with concurrent appends.
+  /// A snapshot of pool use (pool_types.hpp). Not synchronized with concurrent appends. No error
+  /// channel: may throw std::bad_alloc (the sequence list), changing nothing.
   [[nodiscard]] PoolStats stats() const { return st_ ? st_->stats() : PoolStats{}; }
   /// Bytes the pool holds: the whole arena, the per-page overhead, and every sequence's fp32 rows.
   [[nodiscard]] std::size_t memory_bytes() const {
@@ -337,6 +375,10 @@ class BasicPagedCache {
                std::span<float> out, const Executor& exec, std::span<Workspace> workspaces) const {
     if (!st_) return moved("attend_batch");
     if (Status c = check_layer("attend_batch", layer); !c) return c;
+    return catch_alloc("attend_batch", 0, [&] { return batch_checked(layer, seqs, q, masks, out, exec, workspaces); });
+  }
+  Status batch_checked(int layer, std::span<const SeqId> seqs, std::span<const float> q, const BatchMask* masks,
+                       std::span<float> out, const Executor& exec, std::span<Workspace> workspaces) const {
     const std::size_t N = seqs.size(), qrow = static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(shape().head_dim);
     if (N == 0 || q.size() != N * qrow || out.size() != q.size() || workspaces.empty())
       return fail(Errc::invalid_argument, "attend_batch: need N >= 1 sequences, q and out of N * q_heads * head_dim = " +
@@ -358,14 +400,21 @@ class BasicPagedCache {
       if (Status c = pool_detail::check_masks(layer, *masks, tokens); !c) return c;
     }
     const int W = static_cast<int>(std::min(N, workspaces.size()));
+    // A task catches its own std::bad_alloc (scratch growth), so none escapes on an executor's thread.
+    std::vector<Status> res(static_cast<std::size_t>(W));
     auto task = [&](int w) {
-      for (std::size_t i = static_cast<std::size_t>(w); i < N; i += static_cast<std::size_t>(W))
-        attend_one(*Ls[i], q.subspan(i * qrow, qrow), out.subspan(i * qrow, qrow), workspaces[static_cast<std::size_t>(w)],
-                   masks ? masks->values.data() + masks->offsets[i] : nullptr);
+      res[static_cast<std::size_t>(w)] = catch_alloc("attend_batch", 0, [&]() -> Status {
+        for (std::size_t i = static_cast<std::size_t>(w); i < N; i += static_cast<std::size_t>(W))
+          attend_one(*Ls[i], q.subspan(i * qrow, qrow), out.subspan(i * qrow, qrow), workspaces[static_cast<std::size_t>(w)],
+                     masks ? masks->values.data() + masks->offsets[i] : nullptr);
+        return {};
+      });
     };
     if (exec) exec(W, task);
     else
       for (int w = 0; w < W; ++w) task(w);
+    for (Status& r : res)
+      if (!r) return r;
     for (std::size_t i = 0; i < N; ++i)
       if (Status c = pool_detail::check_output(shape(), layer, out.subspan(i * qrow, qrow), static_cast<std::int64_t>(i)); !c)
         return c;

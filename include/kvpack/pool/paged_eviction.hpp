@@ -6,6 +6,9 @@
 // token lifecycle, hook calls and kernel calls are KVCache's (kv_cache.hpp, cache/append_tokens.hpp)
 // in the same order, so a pool sequence and a KVCache<same policies> fed the same appends and
 // attends hold the same slots and codes and attend bit-identically (tests/test_pool_evict.cpp).
+// A failed allocation is Errc::out_of_memory with nothing changed (tests/test_alloc_fault_pool.cpp),
+// except in SnapKV's prompt compression (append's first single token, compress_prompt), which
+// allocates as it compacts and is not rolled back, as in KVCache (cache/append_tokens.hpp).
 // DESIGN.md "Paged pool".
 #pragma once
 
@@ -20,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "kvpack/cache/alloc_guard.hpp"
 #include "kvpack/cache/workspace.hpp"
 #include "kvpack/executor.hpp"
 #include "kvpack/kv_cache.hpp"
@@ -70,22 +74,25 @@ class EvictingPagedCache {
   /// Creates a pool: the page arena (PoolConfig::byte_budget), room for max_sequences handles.
   /// Errc::invalid_argument: a bad shape or an eviction budget it cannot hold (as KVCache::create),
   /// max_sequences < 1, max_rollback_tokens < 0 (unused: no rollback), a budget below one page;
-  /// Errc::capacity_exceeded when the arena cannot be allocated.
+  /// Errc::capacity_exceeded when the arena cannot be allocated; Errc::out_of_memory when the
+  /// page headers, reference counts, free list or slots cannot be (nothing is kept).
   [[nodiscard]] static Result<EvictingPagedCache> create(const PoolConfig& cfg) {
-    if (Status s = validate_shape(cfg.shape, codec_hook::K::row_group, codec_hook::V::row_group); !s) return s.error();
-    if (Status s = eviction_hook::check(cfg.shape); !s) return s.error();
-    if (cfg.max_sequences < 1 || cfg.max_rollback_tokens < 0)
-      return fail(Errc::invalid_argument, "PagedCache::create: max_sequences must be >= 1 and max_rollback_tokens >= 0");
-    auto st = std::make_unique<State>();
-    st->cfg = cfg;
-    st->layout = make_block_layout<typename codec_hook::key_codec, typename codec_hook::value_codec, false>(
-        block_tokens, cfg.shape.head_dim);
-    auto pool = PagePool::create(st->layout.bytes, cfg.byte_budget, codec_hook::header(cfg.shape.head_dim));
-    if (!pool) return pool.error();
-    st->pool = std::move(pool.value());
-    st->slots = std::make_unique<Slot[]>(static_cast<std::size_t>(cfg.max_sequences));
-    st->free_slots.fill(cfg.max_sequences);
-    return Result<EvictingPagedCache>(EvictingPagedCache(std::move(st)));
+    return catch_alloc("PagedCache::create", 0, [&]() -> Result<EvictingPagedCache> {
+      if (Status s = validate_shape(cfg.shape, codec_hook::K::row_group, codec_hook::V::row_group); !s) return s.error();
+      if (Status s = eviction_hook::check(cfg.shape); !s) return s.error();
+      if (cfg.max_sequences < 1 || cfg.max_rollback_tokens < 0)
+        return fail(Errc::invalid_argument, "PagedCache::create: max_sequences must be >= 1 and max_rollback_tokens >= 0");
+      auto st = std::make_unique<State>();
+      st->cfg = cfg;
+      st->layout = make_block_layout<typename codec_hook::key_codec, typename codec_hook::value_codec, false>(
+          block_tokens, cfg.shape.head_dim);
+      auto pool = PagePool::create(st->layout.bytes, cfg.byte_budget, codec_hook::header(cfg.shape.head_dim));
+      if (!pool) return pool.error();
+      st->pool = std::move(pool.value());
+      st->slots = std::make_unique<Slot[]>(static_cast<std::size_t>(cfg.max_sequences));
+      st->free_slots.fill(cfg.max_sequences);
+      return Result<EvictingPagedCache>(EvictingPagedCache(std::move(st)));
+    });
   }
 
   /// Moves the pool (sequences, pages); the moved-from one answers every call with invalid_argument.
@@ -93,23 +100,25 @@ class EvictingPagedCache {
   EvictingPagedCache& operator=(EvictingPagedCache&&) noexcept = default;
   ~EvictingPagedCache() = default;  // State releases and zeroes everything
 
-  /// A new empty sequence. Errc::capacity_exceeded when max_sequences are live.
+  /// A new empty sequence. Errc::capacity_exceeded when max_sequences are live;
+  /// Errc::out_of_memory when it cannot be allocated (before a slot is taken: nothing changed).
   [[nodiscard]] Result<SeqId> create_sequence() {
     if (!st_) return moved("create_sequence");
-    return st_->open("create_sequence");
+    return catch_alloc("create_sequence", 0, [&] { return st_->open("create_sequence", st_->make_seq()); });
   }
   /// A new sequence equal to `parent`: its pages shared (copy-on-write), its fp32 rows, slot
   /// bookkeeping, scores and eviction state (hook) copied, so each side then evicts by its own
-  /// history. Errors: stale handle (invalid_argument), max_sequences live (capacity_exceeded).
+  /// history. Errors: stale handle (invalid_argument), max_sequences live (capacity_exceeded),
+  /// the copies cannot be allocated (out_of_memory: made before a slot is taken, nothing changed).
   [[nodiscard]] Result<SeqId> fork(SeqId parent) {
     auto p = find(parent, "fork");
     if (!p) return p.error();
-    auto id = st_->open("fork");
-    if (!id) return id;
-    Seq& c = *st_->slots[id->index].seq;
-    c.store.share_from((*p)->store);
-    c.hook = (*p)->hook;
-    return id;
+    return catch_alloc("fork", 0, [&]() -> Result<SeqId> {
+      std::unique_ptr<Seq> c = st_->make_seq();  // dropped on any failure: references released, rows zeroed
+      c->store.share_from((*p)->store);
+      c->hook = (*p)->hook;
+      return st_->open("fork", std::move(c));
+    });
   }
   /// Frees a sequence (pages lose a reference, rows zeroed, handle stale). Errc::invalid_argument: stale.
   Status free_sequence(SeqId id) {
@@ -149,12 +158,15 @@ class EvictingPagedCache {
   /// (Errc::invalid_argument for a stale one), nothing changed. Eviction may already have dropped
   /// tokens older than the cut (slots zeroed and reused) and folded the dropped tokens' attention
   /// into the survivors' scores and the policy state, so the state before them cannot be rebuilt.
+  /// Errc::out_of_memory when even that message cannot be allocated (nothing changed either way).
   Status truncate(SeqId id, std::int64_t new_length) {
     auto s = find(id, "truncate");
     if (!s) return s.error();
-    return fail(Errc::unsupported, "truncate to " + std::to_string(new_length) +
-                                       ": not available with an eviction policy (eviction already dropped tokens and "
-                                       "folded attention into scores, which cannot be undone)");
+    return catch_alloc("truncate", 0, [&]() -> Status {
+      return fail(Errc::unsupported, "truncate to " + std::to_string(new_length) +
+                                         ": not available with an eviction policy (eviction already dropped tokens and "
+                                         "folded attention into scores, which cannot be undone)");
+    });
   }
 
   /// Appends n = positions.size() tokens to `layer`, as KVCache::append (k, v: [n][kv_heads][head_dim]
@@ -165,7 +177,11 @@ class EvictingPagedCache {
   /// Errors, with nothing changed: stale handle, bad layer, wrong sizes, a negative position
   /// (Errc::invalid_argument); more than max_tokens held after eviction, more than 2^31 - 1 seen,
   /// or the page pool short of pages (Errc::capacity_exceeded, naming pages needed and free);
-  /// NaN/Inf (Errc::non_finite); SnapKV's prompt never attended (Errc::invalid_argument). n = 0: no-op.
+  /// NaN/Inf (Errc::non_finite); SnapKV's prompt never attended (Errc::invalid_argument);
+  /// Errc::out_of_memory when rows, page tables or slot bookkeeping cannot grow (reserved before
+  /// any change, pages taken returned: nothing changed), except during SnapKV's prompt compression
+  /// on the first single-token append, which allocates as it compacts and cannot be rolled back
+  /// (the sequence is then consistent but may be partly compressed). n = 0: no-op.
   Status append(SeqId id, int layer, std::span<const float> k, std::span<const float> v,
                 std::span<const std::int32_t> positions) {
     auto s = find(id, "append");
@@ -188,18 +204,23 @@ class EvictingPagedCache {
       if (positions[t] < 0) return fail(Errc::invalid_argument, at + ": negative position at token " + std::to_string(t));
     if (Status c = cache_detail::check_finite_rows(shape(), layer, L.total, k, "K"); !c) return c;
     if (Status c = cache_detail::check_finite_rows(shape(), layer, L.total, v, "V"); !c) return c;
-    return with_pages(q, layer, n == 1 && compresses, "append", [&]() -> Status {
-      if (Status b = q.hook.before_append(q.store, q.ws, layer, n); !b) return b;  // fails before any change
-      q.store.commit(layer, q.hook);  // lazy commit: blocks only hold tokens older than the current chunk
-      q.store.push(L, k, v, positions);
-      for (int h = 0; h < shape().kv_heads; ++h) q.hook.enforce(q.store, layer, h, L.pend.size());
-      return {};
+    return catch_alloc("append", 0, [&]() -> Status {
+      q.store.reserve_append(layer, n, q.hook);  // every allocation below, before any change
+      return with_pages(q, layer, n == 1 && compresses, "append", [&]() -> Status {
+        if (Status b = q.hook.before_append(q.store, q.ws, layer, n); !b) return b;  // fails before any change
+        q.store.commit(layer, q.hook);  // lazy commit: blocks only hold tokens older than the current chunk
+        q.store.push(L, k, v, positions);
+        for (int h = 0; h < shape().kv_heads; ++h) q.hook.enforce(q.store, layer, h, L.pend.size());
+        return {};
+      });
     });
   }
 
   /// SnapKV only: compresses `layer`'s prompt now (KVCache::compress_prompt), taking the pages it
   /// may need first. Errors: stale handle, bad layer, already compressed or never attended
   /// (Errc::invalid_argument); the pool short of pages (Errc::capacity_exceeded); nothing changed.
+  /// Errc::out_of_memory when the compaction cannot allocate: NOT rolled back (it allocates as it
+  /// goes; the layer is consistent, possibly partly compacted; the pages taken are returned).
   Status compress_prompt(SeqId id, int layer)
     requires requires(eviction_hook& e, store_type& st, Workspace& w) { e.compress_prompt(st, w, 0); }
   {
@@ -207,7 +228,9 @@ class EvictingPagedCache {
     if (!s) return s.error();
     if (Status c = check_layer("compress_prompt", layer); !c) return c;
     Seq& q = **s;
-    return with_pages(q, layer, true, "compress_prompt", [&] { return q.hook.compress_prompt(q.store, q.ws, layer); });
+    return catch_alloc("compress_prompt", 0, [&] {
+      return with_pages(q, layer, true, "compress_prompt", [&] { return q.hook.compress_prompt(q.store, q.ws, layer); });
+    });
   }
 
   /// Attention of the last n_q tokens appended to `layer` over everything the sequence holds, as
@@ -215,13 +238,19 @@ class EvictingPagedCache {
   /// policy's scores: the kernel's key mass (H2O, TOVA, SnapKV FixedBudget) and the queries
   /// (SnapKV's observation window), credited only when every output is finite.
   /// q, out: [n_q][q_heads][head_dim]; scratch in `ws`. Errors as KVCache::attend plus a stale
-  /// handle; on error the scores are unchanged.
+  /// handle; Errc::out_of_memory when the scratch in `ws` cannot grow (before any score changes,
+  /// except SnapKV's observation window, which reserves its own room first). On error the scores
+  /// are unchanged.
   Status attend(SeqId id, int layer, std::span<const float> q, std::span<float> out, Workspace& ws) {
     auto s = find(id, "attend");
     if (!s) return s.error();
     if (Status c = check_layer("attend", layer); !c) return c;
     if (Status c = pool_detail::check_queries(shape(), layer, (*s)->store.layer(layer).chunk_tokens, q, out, -1); !c) return c;
-    return attend_one(**s, layer, q, out, ws, -1);
+    return catch_alloc("attend", 0, [&]() -> Status {
+      if (Status c = run_kernels(**s, layer, q, out, ws, ws.head_mass, -1); !c) return c;  // scores untouched
+      credit(**s, layer, q, ws, ws.head_mass);
+      return {};
+    });
   }
 
   /// Batched decode: one query token for each of N = seqs.size() distinct sequences, each exactly
@@ -230,11 +259,25 @@ class EvictingPagedCache {
   /// workspaces[w]). Errors, checked before any kernel (out untouched, no score changed): stale
   /// handle, a sequence named twice (its scores would race), bad layer, sizes, non-finite q,
   /// empty workspaces; after: a non-finite output (that sequence's scores unchanged, the first
-  /// such error returned).
+  /// such error returned), or Errc::out_of_memory when scratch cannot grow (every kernel runs
+  /// before any score changes: no sequence's scores change then).
   Status attend_batch(int layer, std::span<const SeqId> seqs, std::span<const float> q, std::span<float> out,
                       const Executor& exec, std::span<Workspace> workspaces) {
     if (!st_) return moved("attend_batch");
     if (Status c = check_layer("attend_batch", layer); !c) return c;
+    return catch_alloc("attend_batch", 0, [&] { return batch(layer, seqs, q, out, exec, workspaces); });
+  }
+  /// Masked batches are not available with eviction (a mask by cache index over evicted tokens):
+  /// Errc::unsupported, nothing changed.
+  Status attend_batch(int, std::span<const SeqId>, std::span<const float>, const BatchMask&, std::span<float>,
+                      const Executor&, std::span<Workspace>) {
+    return fail(Errc::unsupported, "attend_batch: additive masks are not available with an eviction policy");
+  }
+
+ private:
+  // attend_batch after the layer check; may throw std::bad_alloc before any score changes.
+  Status batch(int layer, std::span<const SeqId> seqs, std::span<const float> q, std::span<float> out,
+               const Executor& exec, std::span<Workspace> workspaces) {
     const std::size_t N = seqs.size(), qrow = static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(shape().head_dim);
     if (N == 0 || q.size() != N * qrow || out.size() != q.size() || workspaces.empty())
       return fail(Errc::invalid_argument, "attend_batch: need N >= 1 sequences, q and out of N * q_heads * head_dim = " +
@@ -254,48 +297,58 @@ class EvictingPagedCache {
         return c;
     }
     const int W = static_cast<int>(std::min(N, workspaces.size()));
+    // Every kernel first (all the allocation: scratch, each sequence's key masses), each task
+    // catching its own std::bad_alloc; the scores only when none failed for want of memory.
     std::vector<Status> res(N);
+    std::vector<std::vector<std::vector<float>>> mass(N);  // [sequence][kv_head][ordinal]
     auto task = [&](int w) {
       for (std::size_t i = static_cast<std::size_t>(w); i < N; i += static_cast<std::size_t>(W))
-        res[i] = attend_one(*S[i], layer, q.subspan(i * qrow, qrow), out.subspan(i * qrow, qrow),
-                            workspaces[static_cast<std::size_t>(w)], static_cast<std::int64_t>(i));
+        res[i] = catch_alloc("attend_batch", 0, [&] {
+          return run_kernels(*S[i], layer, q.subspan(i * qrow, qrow), out.subspan(i * qrow, qrow),
+                             workspaces[static_cast<std::size_t>(w)], mass[i], static_cast<std::int64_t>(i));
+        });
     };
     if (exec) exec(W, task);
     else
       for (int w = 0; w < W; ++w) task(w);
     for (Status& r : res)
+      if (!r && r.error().code == Errc::out_of_memory) return r;
+    for (std::size_t i = 0; i < N; ++i)  // the workspace that ran sequence i: its refs have the room
+      if (res[i]) credit(*S[i], layer, q.subspan(i * qrow, qrow), workspaces[i % static_cast<std::size_t>(W)], mass[i]);
+    for (Status& r : res)
       if (!r) return r;
     return {};
   }
-  /// Masked batches are not available with eviction (a mask by cache index over evicted tokens):
-  /// Errc::unsupported, nothing changed.
-  Status attend_batch(int, std::span<const SeqId>, std::span<const float>, const BatchMask&, std::span<float>,
-                      const Executor&, std::span<Workspace>) {
-    return fail(Errc::unsupported, "attend_batch: additive masks are not available with an eviction policy");
-  }
+
+ public:
 
   /// The page table of (layer, kv_head) of a sequence, oldest page first (slot s in page s / B).
-  /// Errc::invalid_argument: stale handle or indices out of range.
+  /// Errc::invalid_argument: stale handle or indices out of range; Errc::out_of_memory.
   [[nodiscard]] Result<std::vector<PageView>> pages(SeqId id, int layer, int kv_head) const {
     auto s = find(id, "pages");
     if (!s) return s.error();
     if (Status c = check_head("pages", layer, kv_head); !c) return c.error();
-    std::vector<PageView> v;
-    for (const std::uint32_t p : (*s)->store.layer(layer).pages[static_cast<std::size_t>(kv_head)])
-      v.push_back({p, st_->pool->data(p), st_->pool->header(p), st_->pool->refs(p)});
-    return v;
+    return catch_alloc("pages", 0, [&]() -> Result<std::vector<PageView>> {
+      std::vector<PageView> v;
+      for (const std::uint32_t p : (*s)->store.layer(layer).pages[static_cast<std::size_t>(kv_head)])
+        v.push_back({p, st_->pool->data(p), st_->pool->header(p), st_->pool->refs(p)});
+      return v;
+    });
   }
   /// The cache index each slot of (layer, kv_head) holds (-1: free), slot order (HeadStore::slot_token).
-  /// Errc::invalid_argument: stale handle or indices out of range.
+  /// Errc::invalid_argument: stale handle or indices out of range; Errc::out_of_memory.
   [[nodiscard]] Result<std::vector<std::int32_t>> slot_tokens(SeqId id, int layer, int kv_head) const {
     auto s = find(id, "slot_tokens");
     if (!s) return s.error();
     if (Status c = check_head("slot_tokens", layer, kv_head); !c) return c.error();
-    return (*s)->store.layer(layer).heads[static_cast<std::size_t>(kv_head)].slot_token;
+    return catch_alloc("slot_tokens", 0, [&]() -> Result<std::vector<std::int32_t>> {
+      return (*s)->store.layer(layer).heads[static_cast<std::size_t>(kv_head)].slot_token;
+    });
   }
 
   /// A snapshot of pool use (pool_types.hpp); SequenceStats::exact_bytes also counts the slot
   /// bookkeeping (validity words, 8 bytes of cache index and score per slot, pending scores).
+  /// No error channel: may throw std::bad_alloc (the sequence list), changing nothing.
   [[nodiscard]] PoolStats stats() const { return st_ ? st_->stats() : PoolStats{}; }
   /// Bytes the pool holds: the arena, the per-page overhead, every sequence's exact_bytes.
   [[nodiscard]] std::size_t memory_bytes() const {
@@ -322,41 +375,51 @@ class EvictingPagedCache {
   explicit EvictingPagedCache(std::unique_ptr<State> st) : st_(std::move(st)) {}
 
   // Takes the pages `layer` of q may need (pages_bound), runs `op` with them, returns the rest.
+  // If op throws, the pages not used go back to the pool (SparePages) and the store forgets them.
   template <class Op>
   Status with_pages(Seq& q, int layer, bool compacts, const char* what, Op&& op) {
-    std::vector<std::uint32_t> spare;
+    SparePages spare(*st_->pool);
     const std::size_t need = q.store.pages_bound(layer, q.store.layer(layer).pend.size(), compacts);
-    if (Status t = st_->pool->take(need, spare, what); !t) return t;
-    std::reverse(spare.begin(), spare.end());  // popped from the back: new pages ascend in memory
-    q.store.set_spare(&spare);
-    const Status r = op();
-    q.store.set_spare(nullptr);
-    for (const std::uint32_t p : spare) st_->pool->release(p);
-    return r;
+    if (Status t = st_->pool->take(need, spare.pages, what); !t) return t;
+    std::reverse(spare.pages.begin(), spare.pages.end());  // popped from the back: new pages ascend in memory
+    q.store.set_spare(&spare.pages);
+    struct Unset {
+      store_type& s;
+      ~Unset() { s.set_spare(nullptr); }
+    } unset{q.store};
+    return op();
   }
-  // One sequence's attention and score update (KVCache::attend's serial loop); i: its batch index or -1.
-  Status attend_one(Seq& s, int layer, std::span<const float> q, std::span<float> out, Workspace& ws, std::int64_t i) {
+  // One sequence's attention (KVCache::attend's serial loop) into out, each KV head's key mass
+  // into mass[h]; i: its batch index or -1. Scores untouched; may throw std::bad_alloc (scratch).
+  Status run_kernels(Seq& s, int layer, std::span<const float> q, std::span<float> out, Workspace& ws,
+                 std::vector<std::vector<float>>& mass, std::int64_t i) {
     const int D = shape().head_dim, group = shape().q_heads / shape().kv_heads;
     const auto& L = s.store.layer(layer);
     const auto n_q = static_cast<std::int64_t>(q.size() / (static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(D)));
-    ws.head_mass.resize(static_cast<std::size_t>(shape().kv_heads));
+    mass.resize(static_cast<std::size_t>(shape().kv_heads));
     for (int h = 0; h < shape().kv_heads; ++h) {
       const std::int64_t at = static_cast<std::int64_t>(h) * group * D;
       kernels::AttendArgs a = s.store.args_for(L, q.data() + at, out.data() + at, n_q, group);
       const kernels::HeadSegments seg = s.store.segments(layer, h, s.hook, 0, ws.refs);
       if constexpr (eviction_hook::wants_mass) {
-        std::vector<float>& m = ws.head_mass[static_cast<std::size_t>(h)];
+        std::vector<float>& m = mass[static_cast<std::size_t>(h)];
         m.assign(static_cast<std::size_t>(s.store.ordinals(seg)), 0.f);
         a.key_mass = m.data();
       }
       codec_hook::attend(a, seg, s.store.layout(), ws.scratch);
     }
-    if (Status c = pool_detail::check_output(shape(), layer, out, i); !c) return c;  // scores untouched
+    return pool_detail::check_output(shape(), layer, out, i);
+  }
+  // The score update after run_kernels() (finite outputs): the key masses, the queries. Allocates
+  // nothing (ws.refs has the room run_kernels() gave it for this sequence) except SnapKV's
+  // observation window, which reserves before it changes.
+  void credit(Seq& s, int layer, std::span<const float> q, Workspace& ws, std::vector<std::vector<float>>& mass) {
+    const std::size_t qrow = static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(shape().head_dim);
+    const auto n_q = static_cast<std::int64_t>(q.size() / qrow);
     if constexpr (eviction_hook::wants_mass)
       for (int h = 0; h < shape().kv_heads; ++h)
-        s.hook.on_mass(s.store, layer, h, s.store.segments(layer, h, s.hook, 0, ws.refs), ws.head_mass[static_cast<std::size_t>(h)]);
+        s.hook.on_mass(s.store, layer, h, s.store.segments(layer, h, s.hook, 0, ws.refs), mass[static_cast<std::size_t>(h)]);
     s.hook.on_queries(s.store, layer, q, n_q);
-    return {};
   }
 
   static Error moved(const char* what) { return fail(Errc::invalid_argument, std::string(what) + ": moved-from PagedCache"); }

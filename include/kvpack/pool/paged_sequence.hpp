@@ -21,6 +21,7 @@
 #include <span>
 #include <vector>
 
+#include "kvpack/cache/alloc_guard.hpp"
 #include "kvpack/cache/block.hpp"
 #include "kvpack/cache/exact_segments.hpp"
 #include "kvpack/cache/pending_rows.hpp"
@@ -139,6 +140,28 @@ void commit(PagedLayer& L, PagePool& pool, const BlockLayout& layout, int kv_hea
   return need;
 }
 
+/// Allocates ahead everything push() and commit() of an append of n tokens to L need: the chunk
+/// copy, sink rows, pending rows, rollback copies (hist_cap > 0), the page tables' growth and the
+/// codec's encode buffers, so that after it those steps allocate nothing (PagedCache::append's
+/// strong guarantee). May throw std::bad_alloc, leaving L's contents unchanged (only capacities grow).
+template <class Codec>
+void reserve_append(PagedLayer& L, std::int64_t n, std::size_t row, int sinks, int R, int B, std::int64_t hist_cap,
+                    int head_dim) {
+  constexpr int U = Codec::commit_unit;
+  const auto nz = static_cast<std::size_t>(n);
+  reserve_geometric(L.chunk_k, nz * row), reserve_geometric(L.chunk_v, nz * row);
+  const auto to_sinks = static_cast<std::size_t>(std::clamp<std::int64_t>(sinks - L.sinks_held, 0, n));
+  reserve_geometric(L.sink_k, L.sink_k.size() + to_sinks * row), reserve_geometric(L.sink_v, L.sink_v.size() + to_sinks * row);
+  reserve_geometric(L.sink_pos, L.sink_pos.size() + to_sinks);
+  const std::size_t rest = nz - to_sinks;
+  L.pend.reserve(rest);
+  if (hist_cap > 0 && rest > 0) L.hist.reserve(std::min(rest, static_cast<std::size_t>(hist_cap)));
+  const std::int64_t total = L.total + n, sinks_after = std::min<std::int64_t>(sinks, total);
+  const auto want = static_cast<std::size_t>((commit_count(total - sinks_after, R, U) + B - 1) / B);
+  for (auto& table : L.pages) reserve_geometric(table, want);
+  Codec::reserve_encode(head_dim);
+}
+
 /// Kernel segments of KV head h of L (as SequenceStore::segments without eviction): sinks, pages
 /// (cut before the latest chunk), pending rows before the latest chunk, the latest chunk exact.
 inline kernels::HeadSegments segments(const PagedLayer& L, const PagePool& pool, const BlockLayout& layout, int kv_heads,
@@ -204,11 +227,47 @@ inline void push(PagedLayer& L, std::span<const float> k, std::span<const float>
   return need;
 }
 
+/// The pending rows and rollback copies L holds after truncating it to n_new tokens, built (from
+/// the rollback copies) before anything changes; zeroed when dropped unused.
+struct TruncatedRows {
+  PendingRows pend, hist;
+  TruncatedRows() = default;
+  TruncatedRows(TruncatedRows&&) noexcept = default;
+  TruncatedRows& operator=(TruncatedRows&&) noexcept = default;
+  ~TruncatedRows() {
+    pend.wipe();
+    hist.wipe();
+  }
+};
+
+/// The rows truncate(L, ..., n_new, ...) installs (empty when nothing is dropped). Requires
+/// can_truncate. May throw std::bad_alloc; L is only read.
+[[nodiscard]] inline TruncatedRows truncated_rows(const PagedLayer& L, std::size_t row, std::int64_t n_new, int sinks,
+                                                  int R, int U) {
+  TruncatedRows t;
+  t.pend.configure(row, 0);
+  t.hist.configure(row, 0);
+  if (n_new == L.total) return t;
+  const std::int64_t s = std::min<std::int64_t>(sinks, n_new);
+  const std::int64_t c = commit_count(n_new - s, R, U);
+  // Pending rows of the shorter state: tokens [s + c, n_new), all within the rollback copies.
+  const std::int64_t hfirst = L.total - L.hist.size(), from = s + c;
+  const auto r = static_cast<std::int64_t>(row);
+  if (from < n_new) {
+    const std::int64_t at = (from - hfirst) * r;
+    t.pend.push(L.hist.k() + at, L.hist.v() + at, L.hist.positions() + (from - hfirst), static_cast<std::size_t>(n_new - from));
+  }
+  if (n_new > hfirst && !L.hist.empty())
+    t.hist.push(L.hist.k(), L.hist.v(), L.hist.positions(), static_cast<std::size_t>(n_new - hfirst));
+  return t;
+}
+
 /// Drops the newest tokens of L so that n_new remain, leaving exactly the state appending only
 /// those n_new tokens would have left (codes, page bytes, pending rows, sinks); the latest chunk
-/// keeps its surviving tokens. Requires can_truncate and the pages_for_truncate pages in `spare`.
+/// keeps its surviving tokens. Requires can_truncate, the pages_for_truncate pages in `spare` and
+/// `rows` = truncated_rows(L, row, n_new, ...): allocates nothing.
 inline void truncate(PagedLayer& L, PagePool& pool, const BlockLayout& layout, std::size_t row, std::int64_t n_new,
-                     int sinks, int R, int U, std::vector<std::uint32_t>& spare) {
+                     int sinks, int R, int U, std::vector<std::uint32_t>& spare, TruncatedRows&& rows) {
   if (n_new == L.total) return;  // nothing dropped: the latest chunk and pending rows stay as they are
   const std::int64_t B = layout.tokens, drop = L.total - n_new;
   const std::int64_t s = std::min<std::int64_t>(sinks, n_new);
@@ -228,22 +287,10 @@ inline void truncate(PagedLayer& L, PagePool& pool, const BlockLayout& layout, s
       ++pool.header(p).version;
     }
   }
-  // Pending rows of the shorter state: tokens [s + c, n_new), all within the rollback copies.
-  const std::int64_t hfirst = L.total - L.hist.size(), from = s + c;
-  const auto r = static_cast<std::int64_t>(row);
-  PendingRows pend, hist;
-  pend.configure(row, 0);
-  hist.configure(row, 0);
-  if (from < n_new) {
-    const std::int64_t at = (from - hfirst) * r;
-    pend.push(L.hist.k() + at, L.hist.v() + at, L.hist.positions() + (from - hfirst), static_cast<std::size_t>(n_new - from));
-  }
-  if (n_new > hfirst && !L.hist.empty())
-    hist.push(L.hist.k(), L.hist.v(), L.hist.positions(), static_cast<std::size_t>(n_new - hfirst));
   L.pend.wipe();
   L.hist.wipe();
-  L.pend = std::move(pend);
-  L.hist = std::move(hist);
+  L.pend = std::move(rows.pend);
+  L.hist = std::move(rows.hist);
   auto cut = [](auto& vec, std::size_t keep) {
     if (vec.size() > keep) detail::secure_zero(vec.data() + keep, (vec.size() - keep) * sizeof(vec[0]));
     vec.resize(std::min(vec.size(), keep));

@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvpack/cache/alloc_guard.hpp"
 #include "kvpack/detail/secure_zero.hpp"
 #include "kvpack/pool/page_pool.hpp"
 #include "kvpack/pool/paged_sequence.hpp"
@@ -47,8 +48,9 @@ struct PoolState {
   PoolState& operator=(const PoolState&) = delete;
   ~PoolState() {
     if (!pool) return;
-    for (int i = 0; i < cfg.max_sequences; ++i)
-      if (slots[static_cast<std::size_t>(i)].is_live.load()) close(static_cast<std::uint32_t>(i));
+    if (slots)  // null when create() failed before allocating them
+      for (int i = 0; i < cfg.max_sequences; ++i)
+        if (slots[static_cast<std::size_t>(i)].is_live.load()) close(static_cast<std::uint32_t>(i));
     prefix.clear(*pool);
   }
 
@@ -60,18 +62,36 @@ struct PoolState {
     return slots[id.index].names(id);
   }
 
-  /// Takes a free slot and sizes its layers (empty).
-  Result<SeqId> open(const char* what) {
-    auto taken = free_slots.take(what, cfg.max_sequences);
-    if (!taken) return taken.error();
-    const std::uint32_t i = *taken;
-    SeqSlot& s = slots[i];
-    s.layers.resize(static_cast<std::size_t>(cfg.shape.layers));
-    for (PagedLayer& L : s.layers) {
+  /// A sequence's layers before they enter a slot (create_sequence, fork): all of their memory is
+  /// allocated before a slot is taken, so a std::bad_alloc leaves the pool as it was. Rows held
+  /// are zeroed when the layers are dropped unused; page ids in them hold no reference.
+  struct NewLayers {
+    std::vector<PagedLayer> v;
+    NewLayers() = default;
+    NewLayers(const NewLayers&) = delete;
+    NewLayers& operator=(const NewLayers&) = delete;
+    ~NewLayers() {
+      for (PagedLayer& L : v) L.wipe();
+    }
+  };
+  /// Empty layers of this pool's shape. May throw std::bad_alloc.
+  void make_layers(NewLayers& out) const {
+    out.v.resize(static_cast<std::size_t>(cfg.shape.layers));
+    for (PagedLayer& L : out.v) {
       L.pages.resize(static_cast<std::size_t>(cfg.shape.kv_heads));
       L.pend.configure(row(), 0);
       L.hist.configure(row(), 0);
     }
+  }
+
+  /// Takes a free slot and moves `layers` into it (allocates nothing). Errc::capacity_exceeded
+  /// when max_sequences are live (layers left to the caller then).
+  Result<SeqId> open(const char* what, NewLayers& layers) {
+    auto taken = free_slots.take(what, cfg.max_sequences);
+    if (!taken) return taken.error();
+    const std::uint32_t i = *taken;
+    SeqSlot& s = slots[i];
+    s.layers.swap(layers.v);  // the slot's old (wiped) layers go back to `layers`
     return s.publish(i);
   }
 
@@ -103,9 +123,14 @@ struct PoolState {
                                            " (tokens attached from the prefix cache cannot be rolled back)");
       need += pages_for_truncate(L, *pool, n, S, R, U, layout.tokens);
     }
-    std::vector<std::uint32_t> spare;
-    if (Status t = pool->take(need, spare, "truncate"); !t) return t;
-    for (PagedLayer& L : s.layers) pool_detail::truncate(L, *pool, layout, row(), n, S, R, U, spare);
+    // Every allocation first (the new pending rows of every layer, the spare list), then the cut.
+    std::vector<TruncatedRows> rows;
+    rows.reserve(s.layers.size());
+    for (const PagedLayer& L : s.layers) rows.push_back(truncated_rows(L, row(), n, S, R, U));
+    SparePages spare(*pool);
+    if (Status t = pool->take(need, spare.pages, "truncate"); !t) return t;
+    for (std::size_t l = 0; l < s.layers.size(); ++l)
+      pool_detail::truncate(s.layers[l], *pool, layout, row(), n, S, R, U, spare.pages, std::move(rows[l]));
     return {};
   }
 
@@ -140,7 +165,14 @@ struct PoolState {
     const int B = layout.tokens;
     const std::int64_t m_max = commit_count(static_cast<std::int64_t>(prompt.size()), R, U) / B;
     std::uint64_t key = PrefixCache::root(model_id, Codec::format_id(), B, cfg.shape.head_dim, cfg.shape.layers, cfg.shape.kv_heads);
-    std::vector<std::uint32_t> pages;  // [block][layer][kv_head]
+    const std::size_t per_block = s.layers.size() * static_cast<std::size_t>(cfg.shape.kv_heads);
+    // Room first (page tables for m_max blocks): after the lookup, nothing allocates. Found pages
+    // are retained as found; `found` releases them if an allocation fails before they are placed.
+    for (PagedLayer& L : s.layers)
+      for (auto& table : L.pages) table.reserve(static_cast<std::size_t>(m_max));
+    SparePages found(*pool);
+    auto& pages = found.pages;  // [block][layer][kv_head]
+    pages.reserve(static_cast<std::size_t>(m_max) * per_block);
     std::int64_t m = 0;
     for (; m < m_max; ++m) {
       const auto blk = prompt.subspan(static_cast<std::size_t>(m * B), static_cast<std::size_t>(B));
@@ -148,12 +180,12 @@ struct PoolState {
       if (!prefix.find(*pool, next, key, blk, pages)) break;
       key = next;
     }
-    const std::size_t per_block = s.layers.size() * static_cast<std::size_t>(cfg.shape.kv_heads);
     for (std::int64_t k = 0; k < m; ++k)
       for (std::size_t l = 0; l < s.layers.size(); ++l)
         for (int h = 0; h < cfg.shape.kv_heads; ++h)
           s.layers[l].pages[static_cast<std::size_t>(h)].push_back(
               pages[static_cast<std::size_t>(k) * per_block + l * static_cast<std::size_t>(cfg.shape.kv_heads) + static_cast<std::size_t>(h)]);
+    pages.clear();  // now held by the page tables
     for (PagedLayer& L : s.layers) L.total = L.committed = m * B;
     return m * B;
   }
@@ -185,7 +217,10 @@ struct PoolState {
         std::memcpy(&p, payloads.data() + i * layout.bytes + layout.positions + static_cast<std::size_t>(t) * sizeof p, sizeof p);
         if (p < 0) return bad("negative position in an imported page");
       }
-    std::vector<std::uint32_t> fresh;
+    for (PagedLayer& L : s.layers)
+      for (auto& table : L.pages) reserve_geometric(table, table.size() + static_cast<std::size_t>(n));
+    SparePages taken(*pool);  // released if anything below throws (nothing does after the take)
+    std::vector<std::uint32_t>& fresh = taken.pages;
     if (Status t = pool->take(static_cast<std::size_t>(n) * per_page, fresh, "import_pages"); !t) return t.error();
     std::size_t i = 0;
     for (std::int64_t k = 0; k < n; ++k)
@@ -197,6 +232,7 @@ struct PoolState {
           pool->header(pg).version = 1;
           L.pages[h].push_back(pg);
         }
+    fresh.clear();  // now held by the page tables
     for (PagedLayer& L : s.layers) {
       L.total = L.committed = have + n * B;
       for (auto* v : {&L.chunk_k, &L.chunk_v}) detail::wipe_vector(*v);  // the latest append is not the newest any more

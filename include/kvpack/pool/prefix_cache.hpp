@@ -49,19 +49,20 @@ class PrefixCache {
     return fnv1a(tokens.data(), tokens.size_bytes(), fnv1a(&parent, sizeof parent));
   }
 
-  /// Adds an entry under `key` holding `pages` (each retained) unless one exists. Returns whether added.
+  /// Adds an entry under `key` holding `pages` (each retained) unless one exists. Returns whether
+  /// added. May throw std::bad_alloc, with nothing added or retained.
   bool publish(PagePool& pool, std::uint64_t key, std::uint64_t parent, std::span<const std::int32_t> tokens,
                std::span<const std::uint32_t> pages) {
     std::lock_guard<std::mutex> g(mu_);
     if (map_.count(key)) return false;
     Entry e{parent, {tokens.begin(), tokens.end()}, {pages.begin(), pages.end()}};
+    map_.emplace(key, std::move(e));  // may throw std::bad_alloc: before any page is retained
     for (const std::uint32_t p : pages) pool.retain(p);
-    map_.emplace(key, std::move(e));
     return true;
   }
 
   /// The entry under `key` whose parent and tokens match, retained page by page into `out`
-  /// (appended); false when there is none.
+  /// (appended); false when there is none. May throw std::bad_alloc, with nothing retained.
   bool find(PagePool& pool, std::uint64_t key, std::uint64_t parent, std::span<const std::int32_t> tokens,
             std::vector<std::uint32_t>& out) const {
     std::lock_guard<std::mutex> g(mu_);
@@ -69,6 +70,7 @@ class PrefixCache {
     if (it == map_.end() || it->second.parent != parent ||
         !std::equal(tokens.begin(), tokens.end(), it->second.tokens.begin(), it->second.tokens.end()))
       return false;
+    out.reserve(out.size() + it->second.pages.size());  // may throw std::bad_alloc: before any retain
     for (const std::uint32_t p : it->second.pages) {
       pool.retain(p);
       out.push_back(p);
