@@ -94,6 +94,7 @@ using Registry = PolicyList<
     Policy<"nf4-g32", KVCache<Keys<Nf4<Group<32>>>, Values<Nf4<Group<32>>>>, false>,                                // [4.5]
     Policy<"nf4-g64", KVCache<Keys<Nf4<Group<64>>>, Values<Nf4<Group<64>>>>, false>,                                // [4.25]
     Policy<"int4s-g32", KVCache<Keys<Int4<Symmetric, Group<32>>>, Values<Int4<Symmetric, Group<32>>>>, false>,      // [4.5]
+    Policy<"kc-nf4-r0", KVCache<Keys<Nf4<Group<32>>, PerChannel>, Values<Nf4<Group<32>>>>, false>,               // [4.5]
     Policy<"nf4-g32+rot", Rotated<KVCache<Keys<Nf4<Group<32>>>, Values<Nf4<Group<32>>>>>, false>,
     Policy<"nf4-g64+rot", Rotated<KVCache<Keys<Nf4<Group<64>>>, Values<Nf4<Group<64>>>>>, false>,
     // The same with keys and values in a Hadamard-rotated basis (rotation/rotated_cache.hpp; +rot:
