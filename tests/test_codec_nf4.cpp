@@ -24,6 +24,7 @@
 
 #include "kvpack/kvpack.hpp"
 #include "kvpack/kernels/dispatch.hpp"
+#include "support/backends.hpp"
 #include "support/cache_harness.hpp"
 #include "support/codec_ref.hpp"
 #include "support/reference.hpp"
@@ -193,11 +194,6 @@ TEST(Nf4Quality, BeatsUniformInt4AtEqualBitsOnBellShapedGroups) {
 }
 
 #if KVPACK_HAS_AVX2 || KVPACK_HAS_NEON
-#if KVPACK_HAS_AVX2
-namespace simd_codes = kvpack::kernels::avx2;
-#else
-namespace simd_codes = kvpack::kernels::neon;
-#endif
 template <class C>
 void nf4_simd_equals_scalar() {
   const int n = 128;
@@ -206,14 +202,14 @@ void nf4_simd_equals_scalar() {
   std::vector<std::byte> codes(C::code_bytes(n)), meta(n / C::group_size * C::meta_bytes_per_group);
   encode_row<C>(x.data(), n, codes.data(), meta.data());
   decode_row<C>(codes.data(), meta.data(), n, ref.data());
-  simd_codes::decode_row<C>(codes.data(), meta.data(), n, simd.data(), tmp.data());
+  kvtest::simd_codes::decode_row<C>(codes.data(), meta.data(), n, simd.data(), tmp.data());  // support/backends.hpp
   for (int i = 0; i < n; ++i) ASSERT_EQ(simd[i], ref[i]) << i;
   // Per-channel rows: one scale per channel.
   std::vector<float> scale(n), zero(n, 0.f);
   for (int i = 0; i < n; ++i) scale[i] = 0.25f + 0.01f * static_cast<float>(i);
   std::vector<float> want(n);
   for (int i = 0; i < n; ++i) want[i] = C::decode_value(C::load_code(codes.data(), i), {scale[i], 0.f});
-  simd_codes::decode_row_channels<C>(codes.data(), scale.data(), zero.data(), n, simd.data());
+  kvtest::simd_codes::decode_row_channels<C>(codes.data(), scale.data(), zero.data(), n, simd.data());
   for (int i = 0; i < n; ++i) ASSERT_EQ(simd[i], want[i]) << i;
 }
 
