@@ -133,33 +133,10 @@ TYPED_TEST(LowbitAttention, DecodeWithinCodecErrorOfExactFloat64) {
       const double scale = 1.0 / std::sqrt(static_cast<double>(D));
       const auto ref = kvtest::attention_ref64(K, V, T, q, 1, QH, H, D, scale, T - 1);
       // Per-element error bounds dk[t][h][d], dv[t][h][d] from the groups the codec forms.
-      std::vector<double> dk(K.size()), dv(V.size());
+      namespace cr = kvpack::codec_ref;
+      const auto dk = cr::group_bounds<KC>(K, T, H, D, kpc, [](double lo, double hi) { return cr::int_error_bound<KC>(lo, hi); });
+      const auto dv = cr::group_bounds<VC>(V, T, H, D, false, [](double lo, double hi) { return cr::int_error_bound<VC>(lo, hi); });
       auto at = [&](std::int64_t t, int kh, int d) { return (static_cast<std::size_t>(t) * H + kh) * D + d; };
-      for (int kh = 0; kh < H; ++kh) {
-        for (std::int64_t t = 0; t < T; ++t)
-          for (int g = 0; g < D / VC::group_size; ++g) {
-            double lo = INFINITY, hi = -INFINITY;
-            for (int d = g * VC::group_size; d < (g + 1) * VC::group_size; ++d) lo = std::min(lo, V[at(t, kh, d)]), hi = std::max(hi, V[at(t, kh, d)]);
-            for (int d = g * VC::group_size; d < (g + 1) * VC::group_size; ++d) dv[at(t, kh, d)] = kvpack::codec_ref::int_error_bound<VC>(lo, hi);
-          }
-        if constexpr (kpc) {  // groups of G tokens per channel, aligned at token 0 (the commit rule)
-          constexpr int G = KC::group_size;
-          for (std::int64_t t0 = 0; t0 < T; t0 += G)
-            for (int d = 0; d < D; ++d) {
-              const std::int64_t t1 = std::min<std::int64_t>(T, t0 + G);
-              double lo = INFINITY, hi = -INFINITY;
-              for (std::int64_t t = t0; t < t1; ++t) lo = std::min(lo, K[at(t, kh, d)]), hi = std::max(hi, K[at(t, kh, d)]);
-              for (std::int64_t t = t0; t < t1; ++t) dk[at(t, kh, d)] = kvpack::codec_ref::int_error_bound<KC>(lo, hi);
-            }
-        } else {
-          for (std::int64_t t = 0; t < T; ++t)
-            for (int g = 0; g < D / KC::group_size; ++g) {
-              double lo = INFINITY, hi = -INFINITY;
-              for (int d = g * KC::group_size; d < (g + 1) * KC::group_size; ++d) lo = std::min(lo, K[at(t, kh, d)]), hi = std::max(hi, K[at(t, kh, d)]);
-              for (int d = g * KC::group_size; d < (g + 1) * KC::group_size; ++d) dk[at(t, kh, d)] = kvpack::codec_ref::int_error_bound<KC>(lo, hi);
-            }
-        }
-      }
       double worst_err = 0;
       for (int qh = 0; qh < QH; ++qh) {
         const int kh = qh / (QH / H);

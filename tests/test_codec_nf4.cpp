@@ -26,6 +26,7 @@
 #include "kvpack/kernels/dispatch.hpp"
 #include "support/backends.hpp"
 #include "support/cache_harness.hpp"
+#include "support/codec_bounds.hpp"
 #include "support/codec_ref.hpp"
 #include "support/reference.hpp"
 
@@ -259,33 +260,10 @@ TYPED_TEST(Nf4Attention, DecodeWithinCodecErrorOfExactFloat64) {
       const std::vector<double> K(h.exact_k().begin(), h.exact_k().end()), V(h.exact_v().begin(), h.exact_v().end());
       const double scale = 1.0 / std::sqrt(static_cast<double>(D));
       const auto ref = kvtest::attention_ref64(K, V, T, q, 1, QH, H, D, scale, T - 1);
-      std::vector<double> dk(K.size()), dv(V.size());
+      // Per-element error bounds from the groups the codecs form (amax = max(-lo, hi)).
+      const auto dk = codec_ref::group_bounds<KC>(K, T, H, D, kpc, [](double lo, double hi) { return nf4_value_bound<KC>(std::max(-lo, hi)); });
+      const auto dv = codec_ref::group_bounds<VC>(V, T, H, D, false, [](double lo, double hi) { return nf4_value_bound<VC>(std::max(-lo, hi)); });
       auto at = [&](std::int64_t t, int kh, int d) { return (static_cast<std::size_t>(t) * H + kh) * D + d; };
-      for (int kh = 0; kh < H; ++kh) {
-        for (std::int64_t t = 0; t < T; ++t)
-          for (int g = 0; g < D / VC::group_size; ++g) {
-            double amax = 0;
-            for (int d = g * VC::group_size; d < (g + 1) * VC::group_size; ++d) amax = std::max(amax, std::abs(V[at(t, kh, d)]));
-            for (int d = g * VC::group_size; d < (g + 1) * VC::group_size; ++d) dv[at(t, kh, d)] = nf4_value_bound<VC>(amax);
-          }
-        if constexpr (kpc) {  // groups of G tokens per channel from token 0
-          constexpr int G = KC::group_size;
-          for (std::int64_t t0 = 0; t0 < T; t0 += G)
-            for (int d = 0; d < D; ++d) {
-              const std::int64_t t1 = std::min<std::int64_t>(T, t0 + G);
-              double amax = 0;
-              for (std::int64_t t = t0; t < t1; ++t) amax = std::max(amax, std::abs(K[at(t, kh, d)]));
-              for (std::int64_t t = t0; t < t1; ++t) dk[at(t, kh, d)] = nf4_value_bound<KC>(amax);
-            }
-        } else {
-          for (std::int64_t t = 0; t < T; ++t)
-            for (int g = 0; g < D / KC::group_size; ++g) {
-              double amax = 0;
-              for (int d = g * KC::group_size; d < (g + 1) * KC::group_size; ++d) amax = std::max(amax, std::abs(K[at(t, kh, d)]));
-              for (int d = g * KC::group_size; d < (g + 1) * KC::group_size; ++d) dk[at(t, kh, d)] = nf4_value_bound<KC>(amax);
-            }
-        }
-      }
       // Integer Q·K on an INT8-key fast path adds the query's rounding (kernels::query_int_error).
       const kernels::KernelInfo info = kernels::kernel_info<typename Cache::backend_tag, KC, VC, kpc>();
       double worst = 0;

@@ -12,9 +12,11 @@
 #include <cfloat>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "kvpack/codec/fp8_codec.hpp"
 #include "kvpack/codec/int_codec.hpp"
@@ -154,6 +156,36 @@ void check_group(const float* x, const float* xh, std::ptrdiff_t stride, int cou
       rep.fail(msg(o.str().c_str()));
     }
   }
+}
+
+/// Per-element error bounds of exact inputs X [T][H][D] (row-major, as a cache's exact K or V)
+/// stored by codec C: every element of a group gets bound(lo, hi) of its group's value range.
+/// Groups are per token over G = C::group_size channels, or, when `per_channel`, per channel over
+/// G tokens aligned at token 0 (the commit rule of per-channel keys; the last group may be short).
+template <class C, class Bound>
+[[nodiscard]] std::vector<double> group_bounds(const std::vector<double>& X, std::int64_t T, int H, int D, bool per_channel,
+                                               const Bound& bound) {
+  constexpr int G = C::group_size;
+  std::vector<double> out(X.size());
+  auto at = [&](std::int64_t t, int h, int d) { return (static_cast<std::size_t>(t) * H + h) * D + d; };
+  auto fill = [&](std::int64_t t0, std::int64_t t1, int d0, int d1, int h) {
+    double lo = INFINITY, hi = -INFINITY;
+    for (std::int64_t t = t0; t < t1; ++t)
+      for (int d = d0; d < d1; ++d) lo = std::min(lo, X[at(t, h, d)]), hi = std::max(hi, X[at(t, h, d)]);
+    const double b = bound(lo, hi);
+    for (std::int64_t t = t0; t < t1; ++t)
+      for (int d = d0; d < d1; ++d) out[at(t, h, d)] = b;
+  };
+  for (int h = 0; h < H; ++h) {
+    if (per_channel) {
+      for (std::int64_t t0 = 0; t0 < T; t0 += G)
+        for (int d = 0; d < D; ++d) fill(t0, std::min<std::int64_t>(T, t0 + G), d, d + 1, h);
+    } else {
+      for (std::int64_t t = 0; t < T; ++t)
+        for (int g = 0; g < D / G; ++g) fill(t, t + 1, g * G, (g + 1) * G, h);
+    }
+  }
+  return out;
 }
 
 }  // namespace kvpack::codec_ref
