@@ -3,7 +3,8 @@
 //   kvpack::kernels::attend<BackendTag, KC, VC, KPerChannel>(args, segments, layout, scratch)
 //
 // runs attend_avx2, attend_neon or attend_scalar (same signature and semantics; outputs equal to
-// 1e-5 relative, except where query_int8_group below is non-zero: integer Q·K, bounded error). Tags (include/kvpack/policy.hpp):
+// 1e-5 relative, except where query_int8_group below is non-zero: integer Q·K, bounded error;
+// AVX2 with per-token INT4/INT8 keys by default). Tags (include/kvpack/policy.hpp):
 //   Auto    the best kernel this translation unit is compiled for: Avx2 when KVPACK_HAS_AVX2,
 //           else Neon when KVPACK_HAS_NEON, else Scalar (config.hpp maps compiler macros;
 //           KVPACK_DISABLE_SIMD forces Scalar);
@@ -87,12 +88,18 @@ inline constexpr std::string_view backend_name = std::is_same_v<Tag, Avx2>   ? "
                                                                              : "scalar";
 
 /// Largest error of one element of a query quantized for integer Q·K, as a fraction of the largest
-/// magnitude in its key group: two int8 terms (kernels/avx2/int_dot.hpp) leave half of the step
-/// max|q_g| / (127 * 254), i.e. max|q_g| / 64516.
+/// magnitude in its key group: two int8 terms (kernels/avx2/int_dot.hpp, opt-in tile path) leave
+/// half of the step max|q_g| / (127 * 254), i.e. max|q_g| / 64516; the int16 query of the default
+/// block path (kernels/avx2/int_block.hpp) half of max|q_g| / 32767, i.e. max|q_g| / 65534, which
+/// this bound covers.
 inline constexpr double query_int_error = 1.0 / (2.0 * 127.0 * 254.0);
 
-/// Key group size over which backend Tag quantizes the query for integer Q·K with key codec KC
-/// (kernels/avx2/int_dot.hpp), or 0 when its scores are fp32 (within 1e-5 of the scalar kernel).
+/// Key group size over which backend Tag quantizes the query for integer Q·K with key codec KC, or
+/// 0 when its scores are fp32 (within 1e-5 of the scalar kernel). AVX2 scores per-token INT4/INT8
+/// keys with groups of 32/64/128 channels from their codes in every block all queries see in full
+/// (kernels/avx2/int_block.hpp, head_dim 64/128/256: the decode case), and with
+/// KVPACK_AVX2_INTEGER_QK=1 in the other tiles too (kernels/avx2/int_dot.hpp); the remaining
+/// keys keep fp32 scores, so the bound is an upper bound for a whole attend.
 /// Such a backend's logits differ from the exact ones on the stored keys by at most
 ///     scale * Σ_g (max_{d in g} |q_d| * query_int_error) * Σ_{d in g} |k̂_d|
 /// per key (half a step of the query times the key's absolute sum), the tolerance the
@@ -100,7 +107,8 @@ inline constexpr double query_int_error = 1.0 / (2.0 * 127.0 * 254.0);
 template <class Tag, class KC, bool KPerChannel>
 inline constexpr int query_int8_group = [] {
 #if KVPACK_HAS_AVX2
-  if constexpr (std::is_same_v<resolved_backend_t<Tag>, Avx2> && !KPerChannel && avx2::int_dot_key<KC>)
+  if constexpr (std::is_same_v<resolved_backend_t<Tag>, Avx2> && !KPerChannel &&
+                (avx2::int_dot_key<KC> || avx2::int_block_key<KC>))
     return KC::group_size;
 #endif
   return 0;

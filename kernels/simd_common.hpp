@@ -189,6 +189,19 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
       for (int st = 0; st < n_states; ++st) Isa::template quantize_query<KC>(q_of(st), D, st, qq);
   }
 
+  // Blocks every state sees in full, with no slot mask or key_mass: an Isa may
+  // attend them whole (Isa::int_block<KC>, e.g. kernels/avx2/int_block.hpp).
+  constexpr bool kIntBlock = DT > 0 && DT % KC::group_size == 0 && !KPerChannel && Isa::template int_block<KC>;
+  bool int_block_ready = false;
+  [[maybe_unused]] auto int_block_mem = [] {
+    if constexpr (kIntBlock) return typename Isa::IntBlockMemory{};
+    else return 0;
+  }();
+  [[maybe_unused]] const bool int_block_usable = [&] {
+    if constexpr (kIntBlock) return !a.key_mass && n_states <= Isa::int_block_max_states;
+    else return false;
+  }();
+
   // Scores of states [st0, n_states) against n fp32 key rows at kt + t * ks.
   auto fp32_scores = [&](const float* kt, std::int64_t ks, int n) {
     return [&, kt, ks, n](int st) {
@@ -308,6 +321,16 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
   for (std::size_t i = 0; i < seg.blocks.size(); ++i) {
     const BlockRef& b = seg.blocks[i];
     if (b.count == 0 || (!b.valid && b.first > last_query)) continue;
+    if constexpr (kIntBlock) {
+      if (int_block_usable && !b.valid && b.first + b.count - 1 <= a.q_first) {
+        if (!int_block_ready) int_block_mem = Isa::template int_block_prepare<KC>(q_of, n_states, D, s);
+        int_block_ready = true;
+        logit_overflow |= Isa::template int_block_attend<KC, VC, DT>(int_block_mem, n_states, b.data, L, b.count, a.scale,
+                                                                    a.bias ? a.bias + b.first : nullptr, s.m.data(),
+                                                                    s.l.data(), s.acc.data());
+        continue;
+      }
+    }
     const std::int64_t ordinal = blocks_ord + static_cast<std::int64_t>(i) * L.tokens;
     int channel_group = -1;  // per-channel key metadata currently decoded
     for (int t0 = 0; t0 < b.count; t0 += T) {

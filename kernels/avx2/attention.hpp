@@ -1,18 +1,20 @@
 // AVX2 (+FMA, F16C) fused dequant-attention kernel: attend_avx2, same signature and semantics as
 // kernels::attend_scalar (kernels/scalar/attention.hpp).
 //
-// Structure (kernels/simd_common.hpp): tiles of 16 keys. Opt-in (kernels/avx2/int_dot.hpp):
-// with KVPACK_AVX2_INTEGER_QK=1 per-token INT8/INT4 keys (groups of 32k) are scored from their
-// codes with integer dot products against the query quantized once per call in two int8 terms
-// (vpdpbusd where the unit has AVX-VNNI / AVX-512 VNNI, else vpmaddubsw; llama.cpp's q8_0 vec_dot
-// uses the first term alone); with KVPACK_AVX2_INTEGER_PV=1 INT4 values are accumulated from
-// their codes with two-byte weights, two tokens per vpmaddubsw (int_accumulate). Their error is
-// bounded and documented (kernels::query_int_error, kernels::value_int_error in dispatch.hpp).
-// By default, and for every other codec, keys and values are dequantized once into an
-// L1-resident fp32 tile (kernels/avx2/codes.hpp) and scored in register blocks of up to 4 query
-// states x 2 keys; V is accumulated for up to 4 states x 16 dims per pass. Those paths agree with
-// the scalar kernel to 1e-5 relative. head_dim 64/128/256 are compiled separately (fully known
-// loop bounds), others run through the generic path (vector body plus a scalar tail).
+// Structure (kernels/simd_common.hpp): tiles of 16 keys, dequantized once into an L1-resident
+// fp32 tile (kernels/avx2/codes.hpp), scored in register blocks of up to 4 query states x 2 keys;
+// V accumulated for up to 4 states x 16 dims per pass; within 1e-5 relative of the scalar kernel.
+// Default for per-token INT4/INT8 keys (groups of 32/64/128, head_dim 64/128/256): every block all
+// queries see in full (decode) is attended whole by the block path (kernels/avx2/int_block.hpp):
+// an int16 query, keys scored from their codes, one softmax update per 64 tokens, INT4/INT8 values
+// accumulated from their codes with the scales folded into the weights (error bound:
+// kernels::query_int8_group). Opt-in (kernels/avx2/int_dot.hpp), for the remaining tiles: with
+// KVPACK_AVX2_INTEGER_QK=1 per-token INT8/INT4 keys are scored from their codes against the query
+// quantized in two int8 terms (vpdpbusd with AVX-VNNI / AVX-512 VNNI, else vpmaddubsw); with
+// KVPACK_AVX2_INTEGER_PV=1 INT4 values are accumulated from their codes with two-byte weights
+// (bounds: kernels::query_int_error, kernels::value_int_error in dispatch.hpp).
+// head_dim 64/128/256 are compiled separately (fully known loop bounds), others run through the
+// generic path (vector body plus a scalar tail).
 // Only compiled when KVPACK_HAS_AVX2 (config.hpp).
 #pragma once
 
@@ -28,58 +30,15 @@
 #include <limits>
 
 #include "kvpack/kernels/avx2/codes.hpp"
+#include "kvpack/kernels/avx2/int_block.hpp"
 #include "kvpack/kernels/avx2/int_dot.hpp"
+#include "kvpack/kernels/avx2/math.hpp"
 #include "kvpack/kernels/scalar/attention.hpp"
 #include "kvpack/kernels/simd_common.hpp"
 
 namespace kvpack::kernels {
 
 namespace avx2_detail {
-
-/// Horizontal sum of the 8 lanes.
-[[nodiscard]] inline float hsum(__m256 v) noexcept {
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  x = _mm_add_ss(x, _mm_movehdup_ps(x));
-  return _mm_cvtss_f32(x);
-}
-/// Horizontal max of the 8 lanes.
-[[nodiscard]] inline float hmax(__m256 v) noexcept {
-  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-  x = _mm_max_ss(x, _mm_movehdup_ps(x));
-  return _mm_cvtss_f32(x);
-}
-/// Lane i of the result = horizontal sum of v[i] (8 accumulators reduced together).
-[[nodiscard]] inline __m256 reduce8(const __m256* v) noexcept {
-  const __m256 h01 = _mm256_hadd_ps(v[0], v[1]);
-  const __m256 h23 = _mm256_hadd_ps(v[2], v[3]);
-  const __m256 h45 = _mm256_hadd_ps(v[4], v[5]);
-  const __m256 h67 = _mm256_hadd_ps(v[6], v[7]);
-  const __m256 h0123 = _mm256_hadd_ps(h01, h23);
-  const __m256 h4567 = _mm256_hadd_ps(h45, h67);
-  return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20), _mm256_permute2f128_ps(h0123, h4567, 0x31));
-}
-
-/// exp(x) for x <= 0 (x = -inf and x < -87.3 give 0). Cody-Waite reduction x = n ln2 + r,
-/// degree-6 polynomial for e^r (Cephes expf coefficients); <= 2 ulp against std::exp.
-[[nodiscard]] inline __m256 exp_nonpos(__m256 x) noexcept {
-  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(tiny, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
-}
 
 /// The instruction-set primitives of simd::attend_tiled for AVX2.
 struct Isa {
@@ -240,6 +199,20 @@ struct Isa {
                          const std::byte* meta, std::size_t meta_row, int n, int D, float attn_scale, float* out,
                          std::int64_t out_stride, float* ksc, float* kz) noexcept {
     avx2::int_scores<C, JS>(qq, st0, codes, row, meta, meta_row, n, D, attn_scale, out, out_stride, ksc, kz);
+  }
+  // Whole visible blocks of per-token integer keys (kernels/avx2/int_block.hpp).
+  template <class C>
+  static constexpr bool int_block = avx2::int_block_key<C>;
+  static constexpr int int_block_max_states = avx2::kBlockMaxStates;
+  using IntBlockMemory = avx2::IntBlockMemory;
+  template <class C, class QueryOf>
+  static IntBlockMemory int_block_prepare(QueryOf&& q_of, int n_states, int D, Scratch& s) {
+    return avx2::int_block_prepare<C>(q_of, n_states, D, s);
+  }
+  template <class KC, class VC, int D>
+  static bool int_block_attend(const IntBlockMemory& w, int n_states, const std::byte* data, const BlockLayout& L,
+                               int count, float attn_scale, const float* bias, float* m, float* l, float* acc) {
+    return avx2::int_block_attend<Isa, KC, VC, D>(w, n_states, data, L, count, attn_scale, bias, m, l, acc);
   }
   template <KvCodec C>
   static void load_channel_params(const std::byte* meta, int n, float* scale, float* zero, float* tmp) noexcept {

@@ -94,6 +94,8 @@ struct Scratch {
   std::vector<std::int8_t> q_int8;           // SIMD integer Q·K: quantized queries [2][n_states][D]
   std::vector<std::int32_t> q_offsets;       // ... their code-offset sums [n_states][groups]
   std::vector<float> q_params;               // ... and their per-group parameters, key tile metadata
+  std::vector<std::int16_t> q_int16;         // AVX2 block path: int16 queries [n_states][D]
+  std::vector<float> block_work;             // ... and its working memory (kernels/avx2/int_block.hpp)
   void ensure(int n_states, int head_dim, int tile) {
     const auto ns = static_cast<std::size_t>(n_states);
     const auto D = static_cast<std::size_t>(head_dim);
