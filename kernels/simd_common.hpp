@@ -327,7 +327,8 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
         int_block_ready = true;
         logit_overflow |= Isa::template int_block_attend<KC, VC, DT>(int_block_mem, n_states, b.data, L, b.count, a.scale,
                                                                     a.bias ? a.bias + b.first : nullptr, s.m.data(),
-                                                                    s.l.data(), s.acc.data());
+                                                                    s.l.data(), s.acc.data(),
+                                                                    i + 1 < seg.blocks.size() ? seg.blocks[i + 1].data : nullptr);
         continue;
       }
     }

@@ -211,8 +211,9 @@ struct Isa {
   }
   template <class KC, class VC, int D>
   static bool int_block_attend(const IntBlockMemory& w, int n_states, const std::byte* data, const BlockLayout& L,
-                               int count, float attn_scale, const float* bias, float* m, float* l, float* acc) {
-    return avx2::int_block_attend<Isa, KC, VC, D>(w, n_states, data, L, count, attn_scale, bias, m, l, acc);
+                               int count, float attn_scale, const float* bias, float* m, float* l, float* acc,
+                               const std::byte* next) {
+    return avx2::int_block_attend<Isa, KC, VC, D>(w, n_states, data, L, count, attn_scale, bias, m, l, acc, next);
   }
   template <KvCodec C>
   static void load_channel_params(const std::byte* meta, int n, float* scale, float* zero, float* tmp) noexcept {

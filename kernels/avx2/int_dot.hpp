@@ -119,8 +119,10 @@ inline void token_params(const std::byte* meta, int ng, float* scale, float* zer
 /// keys from their codes with the two-term query below, KVPACK_AVX2_INTEGER_PV=1 accumulates INT4
 /// values from their codes with two-byte weights, KVPACK_AVX2_INTEGER_DOT=1 turns on both. On
 /// SmolLM2 both stay within a few per cent of the fp32 kernel's KL (docs/RESULTS-eval.md) but are
-/// not faster on AVX2 without VNNI and at most ~15 % faster with it (bench/RESULTS.md), so the
-/// default stays the fp32 kernel.
+/// not faster on AVX2 without VNNI and at most ~15 % faster with it (bench/RESULTS.md), so these
+/// tile paths stay opt-in. What is on by default is the block path (kernels/avx2/int_block.hpp),
+/// which attends decode's fully visible blocks whole and is about 2x faster; these paths then
+/// cover only the tiles it leaves (partly visible blocks, slot masks, key_mass).
 #if defined(KVPACK_AVX2_INTEGER_DOT) && KVPACK_AVX2_INTEGER_DOT
 inline constexpr bool kIntegerQK = true;
 inline constexpr bool kIntegerPV = true;
