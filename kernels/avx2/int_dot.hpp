@@ -35,6 +35,7 @@
 #include <type_traits>
 
 #include "kvpack/kernels/avx2/codes.hpp"
+#include "kvpack/kernels/avx2/math.hpp"
 #include "kvpack/codec/rows.hpp"
 #include "kvpack/kernels/simd_common.hpp"
 
@@ -57,17 +58,6 @@ inline constexpr bool kVnni = false;
 #else
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 #endif
-}
-
-[[nodiscard]] inline float hsum8(__m256 v) noexcept {
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
-}
-[[nodiscard]] inline float hmax8(__m256 v) noexcept {
-  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-  return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
 }
 
 /// Lane i = sum of the 8 lanes of v[i].
@@ -308,8 +298,8 @@ inline void int_accumulate(float* const* acc, const float* const* p, const std::
     simd::static_for<JS>([&](auto j) {
       const __m256 p0 = _mm256_loadu_ps(p[j]), p1 = _mm256_loadu_ps(p[j] + 8);
       const __m256 w0 = _mm256_mul_ps(p0, s0), w1 = _mm256_mul_ps(p1, s1);
-      const float wmax = hmax8(_mm256_max_ps(w0, w1));
-      zsum[j] = hsum8(_mm256_fmadd_ps(p1, z1, _mm256_mul_ps(p0, z0)));
+      const float wmax = avx2_detail::hmax(_mm256_max_ps(w0, w1));
+      zsum[j] = avx2_detail::hsum(_mm256_fmadd_ps(p1, z1, _mm256_mul_ps(p0, z0)));
       const __m256 inv = _mm256_set1_ps(wmax > 0.f ? 255.f / wmax : 0.f);
       // x = w / σ1 in [0, 255]: wi = floor(x), wr = round(255 (x - wi)), both unsigned bytes.
       const __m256 x0 = _mm256_mul_ps(w0, inv), x1 = _mm256_mul_ps(w1, inv);
