@@ -10,8 +10,9 @@
 // (llama_cpp_types.hpp: "f16", "q8_0", "q4_0", "q4_1", or "K/V" such as "q8_0/q4_0").
 // make_pool instantiates every pool-capable policy (about 34 PagedCache types: 15 without eviction,
 // 19 with SinkWindow / H2O / SnapKV; each with its single-sequence twin for make_single) in the
-// translation unit that calls it: call it from one TU (test_registry.cpp compiles in 75 s of CPU
-// with them, 41 s without the evicting ones, g++ 12 -O2). A single-sequence cache of any policy
+// translation unit that calls it: call it from one TU (about 75 s of CPU with g++ 12 -O2, 41 s
+// without the evicting ones), or link the CMake target kvpack::registry, which compiles it once
+// (src/registry/make_pool.cpp) for every program that links it. A single-sequence cache of any policy
 // (BlockSparse, keyframes included) is chosen by type (KVCache<...>), or by name through
 // with_policy_set and erase_cache (any_cache.hpp). Nothing throws of its own; std::bad_alloc from an
 // allocation can propagate (the C ABI catches it).
@@ -110,7 +111,20 @@ inline Error unknown_name(std::string_view name) {
 /// (BlockSparse, Demote<>, offload, keyframe codecs: Errc::unsupported, naming it), a llama.cpp type without
 /// a kvpack codec (Errc::unsupported), errors of PagedCache::create (bad shape, budget below one
 /// page, max_sequences < 1: invalid_argument; arena allocation: capacity_exceeded).
-[[nodiscard]] inline Result<std::unique_ptr<AnyPool>> make_pool(std::string_view name, const PoolConfig& cfg) {
+/// Compiled once: where KVPACK_REGISTRY_COMPILED is defined, this header only declares make_pool,
+/// and one translation unit that also defines KVPACK_REGISTRY_IMPLEMENTATION before including it
+/// holds every pool type (kvpack's build: the CMake target kvpack::registry, src/registry/, which
+/// defines KVPACK_REGISTRY_COMPILED for whatever links it). Compile that unit with the same
+/// instruction-set flags as its callers, so each kernel has one definition per program.
+#if defined(KVPACK_REGISTRY_COMPILED) && !defined(KVPACK_REGISTRY_IMPLEMENTATION)
+[[nodiscard]] Result<std::unique_ptr<AnyPool>> make_pool(std::string_view name, const PoolConfig& cfg);
+#else
+#if defined(KVPACK_REGISTRY_IMPLEMENTATION)
+#define KVPACK_REGISTRY_LINKAGE
+#else
+#define KVPACK_REGISTRY_LINKAGE inline
+#endif
+[[nodiscard]] KVPACK_REGISTRY_LINKAGE Result<std::unique_ptr<AnyPool>> make_pool(std::string_view name, const PoolConfig& cfg) {
   Result<std::unique_ptr<AnyPool>> r = fail(Errc::invalid_argument, "");
   const bool found = with_policy_set(name, [&]<class Set>() {
     if constexpr (pool_capable_v<Set>) {
@@ -132,5 +146,7 @@ inline Error unknown_name(std::string_view name) {
   if (!found) return detail::unknown_name(name);
   return r;
 }
+#undef KVPACK_REGISTRY_LINKAGE
+#endif
 
 }  // namespace kvpack::registry
