@@ -131,4 +131,33 @@ TYPED_TEST(PoolAllocFault, EveryFailedAllocationIsAnErrorAndChangesNothing) {
   EXPECT_GT(injected, 20) << "the sweep must hit create, create_sequence, fork, append, attend, attend_batch";
 }
 
+// memory_bytes() is noexcept and allocates nothing; stats() lists the live sequences, which
+// allocates (and shows that the counting allocator sees the pool's allocations).
+TYPED_TEST(PoolAllocFault, MemoryBytesAllocatesNothing) {
+  const PoolConfig cfg{.shape = kShape, .byte_budget = 1 << 20, .max_sequences = 5, .max_rollback_tokens = 8};
+  auto pool = TypeParam::create(cfg).value();
+  const SeqId id = pool.create_sequence().value();
+  for (int l = 0; l < kShape.layers; ++l)
+    ASSERT_TRUE(pool.append(id, l, rows(1, 0, 33, 0), rows(1, 0, 33, 1), kvtest::iota_positions(0, 33)));
+  const PoolStats s = pool.stats();
+  ASSERT_EQ(s.sequences.size(), 1u);
+  static_assert(noexcept(pool.memory_bytes()));
+  std::size_t bytes = 0;
+  g_countdown = 1, g_fired = false;
+  {
+    Arm a(true);
+    bytes = pool.memory_bytes();
+  }
+  EXPECT_FALSE(g_fired) << "memory_bytes() allocated";
+  EXPECT_EQ(bytes, s.pages_total * s.page_bytes + s.overhead_bytes + s.exact_bytes);
+  EXPECT_GT(s.exact_bytes, 0u);
+  g_countdown = 1, g_fired = false;
+  {
+    Arm a(true);
+    EXPECT_THROW((void)pool.stats(), std::bad_alloc);
+  }
+  EXPECT_TRUE(g_fired);
+  g_countdown = 0;
+}
+
 }  // namespace

@@ -24,6 +24,9 @@ struct Workspace {
   std::vector<kernels::BlockRef> refs;       ///< block refs of the KV head being attended
   std::vector<float> mass;                   ///< key mass of one query head (SnapKV scoring)
   std::vector<std::vector<float>> head_mass; ///< key mass of each KV head of the current attend
+  /// Key masses of the sequences one task of an evicting pool's attend_batch ran, kept until the
+  /// batch credits them: [j-th sequence of the task][kv_head][ordinal] (capacity reused per call).
+  std::vector<std::vector<std::vector<float>>> batch_mass;
   Executor exec;                             ///< KVCache::set_executor (empty: serial attend)
   int splits = 1;                            ///< split-K chunks per KV head (kernels/split_k.hpp)
   kernels::ParallelScratch parallel;         ///< working memory of kernels::attend_parallel

@@ -64,7 +64,7 @@ struct EvictPoolState {
     free_slots.give_back(i);
   }
   /// A snapshot of pool use (no prefix cache here: prefix fields stay 0).
-  [[nodiscard]] PoolStats stats() const {
+  [[nodiscard]] PoolStats stats(bool list_sequences = true) const {
     PoolStats st;
     st.page_bytes = pool->stride(), st.pages_total = pool->pages(), st.pages_free = pool->free_pages();
     st.pages_used = st.pages_total - st.pages_free, st.pages_shared = pool->shared_pages();
@@ -82,7 +82,7 @@ struct EvictPoolState {
       q.exact_bytes = s.seq->store.exact_bytes();
       st.bytes_if_unshared += q.pages * st.page_bytes;
       st.exact_bytes += q.exact_bytes;
-      st.sequences.push_back(q);
+      if (list_sequences) st.sequences.push_back(q);  // the only allocation
     }
     return st;
   }

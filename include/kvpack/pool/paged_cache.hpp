@@ -340,9 +340,10 @@ class BasicPagedCache {
   /// channel: may throw std::bad_alloc (the sequence list), changing nothing.
   [[nodiscard]] PoolStats stats() const { return st_ ? st_->stats() : PoolStats{}; }
   /// Bytes the pool holds: the whole arena, the per-page overhead, and every sequence's fp32 rows.
-  [[nodiscard]] std::size_t memory_bytes() const {
+  /// Allocates nothing, never throws.
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
     if (!st_) return 0;
-    const PoolStats s = st_->stats();
+    const PoolStats s = st_->stats(false);
     return s.pages_total * s.page_bytes + s.overhead_bytes + s.exact_bytes;
   }
   [[nodiscard]] const ModelShape& shape() const noexcept { return st_->cfg.shape; }

@@ -297,15 +297,19 @@ class EvictingPagedCache {
         return c;
     }
     const int W = static_cast<int>(std::min(N, workspaces.size()));
-    // Every kernel first (all the allocation: scratch, each sequence's key masses), each task
+    // Every kernel first (all the allocation: scratch, each sequence's key masses, which live in
+    // the workspace that ran it: sequence i in workspaces[i % W].batch_mass[i / W]), each task
     // catching its own std::bad_alloc; the scores only when none failed for want of memory.
     std::vector<Status> res(N);
-    std::vector<std::vector<std::vector<float>>> mass(N);  // [sequence][kv_head][ordinal]
+    const auto Wz = static_cast<std::size_t>(W);
+    auto mass_of = [&](std::size_t i) -> std::vector<std::vector<float>>& { return workspaces[i % Wz].batch_mass[i / Wz]; };
     auto task = [&](int w) {
-      for (std::size_t i = static_cast<std::size_t>(w); i < N; i += static_cast<std::size_t>(W))
+      Workspace& ws = workspaces[static_cast<std::size_t>(w)];
+      for (std::size_t i = static_cast<std::size_t>(w); i < N; i += Wz)
         res[i] = catch_alloc("attend_batch", 0, [&] {
-          return run_kernels(*S[i], layer, q.subspan(i * qrow, qrow), out.subspan(i * qrow, qrow),
-                             workspaces[static_cast<std::size_t>(w)], mass[i], static_cast<std::int64_t>(i));
+          if (ws.batch_mass.size() <= i / Wz) ws.batch_mass.resize(i / Wz + 1);
+          return run_kernels(*S[i], layer, q.subspan(i * qrow, qrow), out.subspan(i * qrow, qrow), ws, mass_of(i),
+                             static_cast<std::int64_t>(i));
         });
     };
     if (exec) exec(W, task);
@@ -314,7 +318,7 @@ class EvictingPagedCache {
     for (Status& r : res)
       if (!r && r.error().code == Errc::out_of_memory) return r;
     for (std::size_t i = 0; i < N; ++i)  // the workspace that ran sequence i: its refs have the room
-      if (res[i]) credit(*S[i], layer, q.subspan(i * qrow, qrow), workspaces[i % static_cast<std::size_t>(W)], mass[i]);
+      if (res[i]) credit(*S[i], layer, q.subspan(i * qrow, qrow), workspaces[i % Wz], mass_of(i));
     for (Status& r : res)
       if (!r) return r;
     return {};
@@ -351,9 +355,10 @@ class EvictingPagedCache {
   /// No error channel: may throw std::bad_alloc (the sequence list), changing nothing.
   [[nodiscard]] PoolStats stats() const { return st_ ? st_->stats() : PoolStats{}; }
   /// Bytes the pool holds: the arena, the per-page overhead, every sequence's exact_bytes.
-  [[nodiscard]] std::size_t memory_bytes() const {
+  /// Allocates nothing, never throws.
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
     if (!st_) return 0;
-    const PoolStats s = st_->stats();
+    const PoolStats s = st_->stats(false);
     return s.pages_total * s.page_bytes + s.overhead_bytes + s.exact_bytes;
   }
   /// The model shape, the configuration and the page payload layout (KVCache's block layout).

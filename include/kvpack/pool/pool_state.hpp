@@ -242,7 +242,7 @@ struct PoolState {
     return have + n * B;
   }
 
-  [[nodiscard]] PoolStats stats() const {
+  [[nodiscard]] PoolStats stats(bool list_sequences = true) const {
     PoolStats st;
     st.page_bytes = pool->stride();
     st.pages_total = pool->pages();
@@ -267,7 +267,7 @@ struct PoolState {
       }
       st.bytes_if_unshared += q.pages * st.page_bytes;
       st.exact_bytes += q.exact_bytes;
-      st.sequences.push_back(q);
+      if (list_sequences) st.sequences.push_back(q);  // the only allocation
     }
     return st;
   }
