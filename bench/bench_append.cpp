@@ -5,6 +5,10 @@
 //   tokens it is reset with timing paused. The timed call includes kvpack's NaN/Inf check, the
 //   copy of the latest chunk, the residual/pending bookkeeping and the quantization itself.
 //   Counters: tok/s (tokens appended per second, all threads) and GB/s of fp32 K+V input.
+// append/memcpy-fp32/baseline/<shape>/<n>: the same n tokens of fp32 K and V copied with memcpy
+//   into a 4096-token destination at the same offsets (what storing the input unchecked and
+//   uncompressed costs); render_table.py gives each append case as a multiple of it (issue 17:
+//   append >= 0.5x memcpy of the fp32 input).
 // prefill/<config>/<backend>/<shape>/4096: causal attention of a 512-token chunk (queries at
 //   positions 3584..4095) over a one-layer cache of 4096 tokens; baseline prefill/plain-fp16.
 //   Counters: tok/s (query tokens per second) and kv_bytes. Prefill is compute-bound (each key is
@@ -30,16 +34,28 @@ struct AppendInput {
   std::vector<std::int32_t> positions;
 };
 
-template <class Cfg, class Be>
-void append_case(benchmark::State& st, BenchShape s, std::int64_t n) {
-  using Cache = typename Cfg::template cache<typename Be::tag>;
-  const std::string prefix = std::string("append-input/") + s.name;
-  auto* in = Fixtures::instance().get<AppendInput>(prefix, st.thread_index(), [&] {
+/// Counters of the append cases: tokens per second and GB/s of fp32 K+V input.
+void set_append_counters(benchmark::State& st, std::int64_t n, std::size_t row) {
+  const double toks = static_cast<double>(st.iterations()) * static_cast<double>(n);
+  using C = benchmark::Counter;
+  st.counters["tok/s"] = C(toks, C::kIsRate);
+  st.counters["GB/s"] = C(toks * static_cast<double>(row) * 2 * sizeof(float) / 1e9, C::kIsRate);
+}
+
+/// The input of the append cases of shape s, per benchmark thread (built on first use).
+AppendInput* append_input(const BenchShape& s, int thread) {
+  return Fixtures::instance().get<AppendInput>(std::string("append-input/") + s.name, thread, [&] {
     auto a = std::make_unique<AppendInput>();
     fill_kv(s, 0, kAppendCapacity, a->k, a->v);
     a->positions = iota_positions(0, kAppendCapacity);
     return a;
   });
+}
+
+template <class Cfg, class Be>
+void append_case(benchmark::State& st, BenchShape s, std::int64_t n) {
+  using Cache = typename Cfg::template cache<typename Be::tag>;
+  auto* in = append_input(s, st.thread_index());
   auto made = Cache::create(kvpack::ModelShape{.layers = 1, .q_heads = s.q_heads, .kv_heads = s.kv_heads,
                                                .head_dim = s.head_dim, .max_tokens = kAppendCapacity});
   if (!made) {
@@ -70,10 +86,24 @@ void append_case(benchmark::State& st, BenchShape s, std::int64_t n) {
     st.SkipWithError("append failed");
     return;
   }
-  const double toks = static_cast<double>(st.iterations()) * static_cast<double>(n);
-  using C = benchmark::Counter;
-  st.counters["tok/s"] = C(toks, C::kIsRate);
-  st.counters["GB/s"] = C(toks * static_cast<double>(row) * 2 * sizeof(float) / 1e9, C::kIsRate);
+  set_append_counters(st, n, row);
+}
+
+/// The append roofline: memcpy of the n tokens of K and V an append case stores, same offsets.
+void append_memcpy(benchmark::State& st, BenchShape s, std::int64_t n) {
+  auto* in = append_input(s, st.thread_index());
+  const std::size_t row = static_cast<std::size_t>(s.kv_heads) * static_cast<std::size_t>(s.head_dim);
+  std::vector<float> dk(in->k.size(), 1.f), dv(in->v.size(), 1.f);  // touched: no page faults timed
+  std::int64_t t = 0;
+  for (auto _ : st) {
+    if (t + n > kAppendCapacity) t = 0;
+    const auto off = static_cast<std::size_t>(t) * row, len = static_cast<std::size_t>(n) * row;
+    std::memcpy(dk.data() + off, in->k.data() + off, len * sizeof(float));
+    std::memcpy(dv.data() + off, in->v.data() + off, len * sizeof(float));
+    benchmark::ClobberMemory();
+    t += n;
+  }
+  set_append_counters(st, n, row);
 }
 
 void set_prefill_counters(benchmark::State& st, double kv_bytes) {
@@ -138,7 +168,9 @@ void finish(benchmark::internal::Benchmark* b, double min_time) {
 
 void register_append_benchmarks() {
   for (const BenchShape& s : kShapes)
-    for (const std::int64_t n : {std::int64_t{1}, std::int64_t{512}})
+    for (const std::int64_t n : {std::int64_t{1}, std::int64_t{512}}) {
+      const std::string base = std::string("append/memcpy-fp32/baseline/") + s.name + "/" + std::to_string(n);
+      finish(benchmark::RegisterBenchmark(base.c_str(), append_memcpy, s, n), kAppendMinTime);
       for_each_type(Configs{}, [&]<class Cfg>() {
         for_each_type(Backends{}, [&]<class Be>() {
           const std::string name =
@@ -146,6 +178,7 @@ void register_append_benchmarks() {
           finish(benchmark::RegisterBenchmark(name.c_str(), append_case<Cfg, Be>, s, n), kAppendMinTime);
         });
       });
+    }
 
   const char* which = std::getenv("KVPACK_BENCH_PREFILL_SHAPES");
   const std::string shapes = which != nullptr && *which != '\0' ? which : kSmolLM2.name;

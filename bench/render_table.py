@@ -23,7 +23,7 @@ import tempfile
 TO_US = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
 SHAPE_LABEL = {"smollm2-135m": "SmolLM2-135M (9 q / 3 kv heads, head_dim 64)",
                "8b-class": "8B-class (32 q / 8 kv heads, head_dim 128)"}
-BASELINES = ("plain-fp32", "plain-fp16")
+BASELINES = ("plain-fp32", "plain-fp16", "memcpy-fp32")
 
 
 def load(path, clock="wall"):
@@ -241,17 +241,22 @@ def render(context, rows, clock="wall"):
     for be in backends:
         for shape in ordered(r["shape"] for r in append):
             ns = sorted(ordered(r["n"] for r in append if r["shape"] == shape))
-            header = ["config"] + [f"n={n} {t}T: tok/s · GB/s" for n in ns for t in threads]
+            header = ["config"] + [f"n={n} {t}T: tok/s · GB/s · × memcpy" for n in ns for t in threads]
             body = []
-            for cfg in configs:
+            for cfg in ["memcpy-fp32"] + configs:
+                backend = "baseline" if cfg in BASELINES else be
                 row = [cfg]
                 for n in ns:
                     for t in threads:
-                        r = ix.get("append", cfg, be, shape, n, t)
+                        r = ix.get("append", cfg, backend, shape, n, t)
+                        base = ix.get("append", "memcpy-fp32", "baseline", shape, n, t)
+                        ratio = r.get("GB/s", 0) / base["GB/s"] if r and base and not base["error"] and base.get("GB/s") else None
                         row.append("-" if r is None else "error" if r["error"] else
-                                   f"{fmt_rate(r.get('tok/s'))} · {r.get('GB/s', 0):.2f}")
-                body.append(row)
+                                   f"{fmt_rate(r.get('tok/s'))} · {r.get('GB/s', 0):.2f} · {fmt_ratio(ratio)}")
+                if any(c != "-" for c in row[1:]):
+                    body.append(row)
             md.append(f"\n### Append (quantize + store), {shape}, n tokens per call; GB/s of fp32 K+V input; "
+                      f"× memcpy = that rate / memcpy-fp32's (the same input copied, same run; issue 17: ≥ 0.5×); "
                       f"backend {be}\n")
             md.append(table(header, body))
 
