@@ -174,13 +174,7 @@ class PagedEvictStore {
   template <class Hook>
   void reserve_append(int li, std::int64_t n, const Hook& hook) {
     Layer& L = layer(li);
-    const std::size_t row = row_floats();
-    const auto nz = static_cast<std::size_t>(n);
-    reserve_geometric(L.chunk_k, nz * row), reserve_geometric(L.chunk_v, nz * row);
-    const auto to_sinks = static_cast<std::size_t>(std::clamp<std::int64_t>(SinkTokens - L.sinks_held, 0, n));
-    reserve_geometric(L.sink_k, L.sink_k.size() + to_sinks * row), reserve_geometric(L.sink_v, L.sink_v.size() + to_sinks * row);
-    reserve_geometric(L.sink_pos, L.sink_pos.size() + to_sinks);
-    L.pend.reserve(nz - to_sinks);
+    (void)reserve_append_rows(L, n, row_floats(), SinkTokens);
     Codec::reserve_encode(shape_.head_dim);
     const std::int64_t keep = std::max<std::int64_t>(ResidualTokens, hook.keep_exact(*this, li));
     const std::int64_t n_commit = std::max<std::int64_t>(0, L.pend.size() - keep);  // committed before the push

@@ -148,13 +148,7 @@ template <class Codec>
 void reserve_append(PagedLayer& L, std::int64_t n, std::size_t row, int sinks, int R, int B, std::int64_t hist_cap,
                     int head_dim) {
   constexpr int U = Codec::commit_unit;
-  const auto nz = static_cast<std::size_t>(n);
-  reserve_geometric(L.chunk_k, nz * row), reserve_geometric(L.chunk_v, nz * row);
-  const auto to_sinks = static_cast<std::size_t>(std::clamp<std::int64_t>(sinks - L.sinks_held, 0, n));
-  reserve_geometric(L.sink_k, L.sink_k.size() + to_sinks * row), reserve_geometric(L.sink_v, L.sink_v.size() + to_sinks * row);
-  reserve_geometric(L.sink_pos, L.sink_pos.size() + to_sinks);
-  const std::size_t rest = nz - to_sinks;
-  L.pend.reserve(rest);
+  const std::size_t rest = static_cast<std::size_t>(n) - reserve_append_rows(L, n, row, sinks);
   if (hist_cap > 0 && rest > 0) L.hist.reserve(std::min(rest, static_cast<std::size_t>(hist_cap)));
   const std::int64_t total = L.total + n, sinks_after = std::min<std::int64_t>(sinks, total);
   const auto want = static_cast<std::size_t>((commit_count(total - sinks_after, R, U) + B - 1) / B);
