@@ -156,27 +156,30 @@ def render(context, rows, clock="wall"):
             m = m or ix.get("memory", config, be, shape, 4096, 1)
         return m
 
-    # Headline: the largest context, every thread count.
+    # Headline: the largest context, every thread count of the decode cases (a filtered run may
+    # hold other kinds only for some backends or thread counts: those get no decode table).
     decode = [r for r in rows if r["kind"] == "decode"]
-    for be in backends:
+    dthreads = sorted(ordered(r["threads"] for r in decode))
+    dbackends = [be for be in backends if any(r["backend"] == be for r in decode)]
+    for be in dbackends:
         for shape in shapes:
             ctxs = sorted(ordered(r["n"] for r in decode if r["shape"] == shape))
             if not ctxs:
                 continue
             top = ctxs[-1]
             header = ["config", "K/V bits/value", "KV bytes/token/layer"]
-            for t in threads:
+            for t in dthreads:
                 header += [f"{t}T time/token", f"{t}T roofline", f"{t}T × fp16", f"{t}T CPU share"]
             body = []
             for cfg in list(BASELINES) + configs:
                 backend = "baseline" if cfg in BASELINES else be
-                first = ix.get("decode", cfg, backend, shape, top, threads[0])
+                first = ix.get("decode", cfg, backend, shape, top, dthreads[0])
                 if first is None:
                     continue
                 m = bytes_per_token(shape, cfg) if cfg not in BASELINES else None
                 bits = f"{m['k_bits']:g} / {m['v_bits']:g}" if m and not m["error"] else ("32 / 32" if cfg == "plain-fp32" else "16 / 16" if cfg == "plain-fp16" else "-")
                 row = [f"**{cfg}**" if cfg in BASELINES else cfg, bits, f"{first['kv_bytes'] / top:.1f}"]
-                for t in threads:
+                for t in dthreads:
                     r = ix.get("decode", cfg, backend, shape, top, t)
                     base = ix.get("decode", "plain-fp16", "baseline", shape, top, t)
                     if r is None or r["error"]:
@@ -192,12 +195,12 @@ def render(context, rows, clock="wall"):
     md += render_seq(rows)
 
     # Detail: every context, per shape and thread count.
-    for be in backends:
+    for be in dbackends:
         for shape in shapes:
             ctxs = sorted(ordered(r["n"] for r in decode if r["shape"] == shape))
             if len(ctxs) < 2:
                 continue
-            for t in threads:
+            for t in dthreads:
                 header = ["config"] + [f"{c // 1024}k: time · roofline · × fp16" for c in ctxs]
                 body = []
                 for cfg in list(BASELINES) + configs:
@@ -238,7 +241,7 @@ def render(context, rows, clock="wall"):
 
     # Append: one table per shape.
     append = [r for r in rows if r["kind"] == "append"]
-    for be in backends:
+    for be in [b for b in backends if any(r["backend"] == b for r in append)]:
         for shape in ordered(r["shape"] for r in append):
             ns = sorted(ordered(r["n"] for r in append if r["shape"] == shape))
             header = ["config"] + [f"n={n} {t}T: tok/s · GB/s · × memcpy" for n in ns for t in threads]
