@@ -367,11 +367,11 @@ def plot(rows, png):
     if not shapes:
         return False
     tmp = tempfile.mkdtemp(prefix="kvpack-plot-")
-    script = ["set terminal pngcairo size 1400,560 font ',10' noenhanced", f"set output '{png}'",
+    script = ["set terminal pngcairo size 1800,640 font ',10' noenhanced", f"set output '{png}'",
               f"set multiplot layout 1,{len(shapes)} title 'kvpack decode attention, one layer, 1 thread'",
               "set logscale xy", "set xlabel 'context length (tokens)'", "set ylabel 'time per token per layer (ms)'",
               "set format y '%g'",
-              "set key top left font ',8'", "set grid"]
+              "set key outside right top font ',8'", "set grid"]  # outside: 20+ series hide the lines
     for shape in shapes:
         series = ordered((r["config"], r["backend"]) for r in decode if r["shape"] == shape)
         ctxs = sorted(ordered(r["n"] for r in decode if r["shape"] == shape))
