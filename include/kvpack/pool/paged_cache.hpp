@@ -339,8 +339,7 @@ class BasicPagedCache {
   /// A snapshot of pool use (pool_types.hpp). Not synchronized with concurrent appends. No error
   /// channel: may throw std::bad_alloc (the sequence list), changing nothing.
   [[nodiscard]] PoolStats stats() const { return st_ ? st_->stats() : PoolStats{}; }
-  /// Bytes the pool holds: the whole arena, the per-page overhead, and every sequence's fp32 rows.
-  /// Allocates nothing, never throws.
+  /// Bytes the pool holds: the arena, the per-page overhead, every sequence's fp32 rows. No allocation.
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
     if (!st_) return 0;
     const PoolStats s = st_->stats(false);

@@ -297,9 +297,8 @@ class EvictingPagedCache {
         return c;
     }
     const int W = static_cast<int>(std::min(N, workspaces.size()));
-    // Every kernel first (all the allocation: scratch, each sequence's key masses, which live in
-    // the workspace that ran it: sequence i in workspaces[i % W].batch_mass[i / W]), each task
-    // catching its own std::bad_alloc; the scores only when none failed for want of memory.
+    // Every kernel first (all the allocation: scratch, key masses: sequence i's in workspaces[i % W]
+    // .batch_mass[i / W]), each task catching its std::bad_alloc; scores only if none failed so.
     std::vector<Status> res(N);
     const auto Wz = static_cast<std::size_t>(W);
     auto mass_of = [&](std::size_t i) -> std::vector<std::vector<float>>& { return workspaces[i % Wz].batch_mass[i / Wz]; };
@@ -354,8 +353,7 @@ class EvictingPagedCache {
   /// bookkeeping (validity words, 8 bytes of cache index and score per slot, pending scores).
   /// No error channel: may throw std::bad_alloc (the sequence list), changing nothing.
   [[nodiscard]] PoolStats stats() const { return st_ ? st_->stats() : PoolStats{}; }
-  /// Bytes the pool holds: the arena, the per-page overhead, every sequence's exact_bytes.
-  /// Allocates nothing, never throws.
+  /// Bytes the pool holds: the arena, the per-page overhead, every sequence's exact_bytes. No allocation.
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
     if (!st_) return 0;
     const PoolStats s = st_->stats(false);
