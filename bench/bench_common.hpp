@@ -47,6 +47,9 @@
   X(kivi4, "kivi4", kvpack::Keys<kvpack::Int4<kvpack::Group<32>>, kvpack::PerChannel>,                   \
     kvpack::Values<kvpack::Int4<kvpack::Group<32>>>, kvpack::Residual<128>)                              \
   X(fp8_e4m3, "fp8-e4m3", kvpack::Keys<kvpack::Fp8E4M3<>>, kvpack::Values<kvpack::Fp8E4M3<>>)          \
+  /* keys before RoPE (PreRope<>): the kernel rotates queries and dequantized keys; fp32 tiles */      \
+  X(int4_pre, "int4-g32-pre", kvpack::Keys<kvpack::Int4<kvpack::Group<32>>>,                             \
+    kvpack::Values<kvpack::Int4<kvpack::Group<32>>>, kvpack::PreRope<>)                                  \
   /* eviction at a 1024-token budget (25 % of a 4k context): decode reads only what is held; */        \
   /* h2o also pays its bookkeeping (attention mass gathered by the kernel) in every decode step */     \
   X(int4_sw1k, "int4-g32+sink-window-1k", kvpack::Keys<kvpack::Int4<>>, kvpack::Values<kvpack::Int4<>>,   \

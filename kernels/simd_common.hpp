@@ -22,6 +22,8 @@
 // values from their codes (Isa::int_dot_value: weights in two byte terms); their error bounds are
 // in kernels/dispatch.hpp (query_int_error, value_int_error). Dequantized values are bit-identical to the scalar
 // decode (zero + scale * q with one multiply and one add, no FMA contraction).
+// PreRope<> caches (AttendArgs::rope): queries are rotated once, exact rows copied rotated into the
+// K tile, and dequantized tiles rotated in place (kernels/rope.hpp); the integer Q·K paths step aside.
 #pragma once
 
 #include <algorithm>
@@ -36,86 +38,11 @@
 #include "kvpack/codec/float_codec.hpp"
 #include "kvpack/codec/fp8_codec.hpp"
 #include "kvpack/codec/int_codec.hpp"
+#include "kvpack/kernels/rope.hpp"
 #include "kvpack/kernels/scalar/attention.hpp"
+#include "kvpack/kernels/simd_tile.hpp"
 
 namespace kvpack::kernels::simd {
-
-// ---- codec families the SIMD decoders know (anything else falls back to the scalar decode) ----
-
-namespace detail {
-template <int B, class G, class M, class Me>
-std::true_type int_codec_base(const IntCodec<B, G, M, Me>*);
-std::false_type int_codec_base(const void*);
-template <class F, class G, class Me>
-std::true_type fp8_codec_base(const Fp8Codec<F, G, Me>*);
-std::false_type fp8_codec_base(const void*);
-}  // namespace detail
-
-/// INT8/INT4 codecs (kvpack::IntCodec and its Int8<>/Int4<> aliases).
-template <class C>
-concept IntCodecFamily = KvCodec<C> && decltype(detail::int_codec_base(static_cast<const C*>(nullptr)))::value;
-/// FP8 codecs (kvpack::Fp8Codec: Fp8E4M3<>, Fp8E5M2<>).
-template <class C>
-concept Fp8CodecFamily = KvCodec<C> && decltype(detail::fp8_codec_base(static_cast<const C*>(nullptr)))::value;
-/// 4-bit codebook codecs (kvpack::Nf4<>): x̂ = C::codebook_level(u) * scale, INT4's nibble layout.
-template <class C>
-concept CodebookCodec = KvCodec<C> && requires { C::codebook; } && C::codebook && C::bits == 4;
-/// Codecs with a SIMD decoder (AVX2 and NEON); others are decoded by the scalar decode_row into
-/// the tile.
-template <class C>
-concept SimdDecodable = IntCodecFamily<C> || Fp8CodecFamily<C> || CodebookCodec<C> || std::is_same_v<C, Fp16> ||
-                        std::is_same_v<C, Fp32>;
-
-/// Calls f(std::integral_constant<int, 0>{}) ... f(std::integral_constant<int, N - 1>{}): a loop
-/// the compiler must unroll, so arrays of vector registers indexed by it stay in registers.
-template <int N, class F>
-inline void static_for(F&& f) {
-  [&]<int... I>(std::integer_sequence<int, I...>) { (f(std::integral_constant<int, I>{}), ...); }(
-      std::make_integer_sequence<int, N>{});
-}
-
-/// The quantized queries of one attend call (Isa::int_dot_key codecs, e.g.
-/// kernels/avx2/int_dot.hpp), in code order: per state and key group, two int8 terms
-/// q ≈ σ (254 qi + qr) (qi the int8 query, qr its rounding residual on a 254x finer step), so the
-/// integer Q·K is as exact as a 16-bit query while the dot products stay u8 x s8; per group σ,
-/// the code offset times (254 Σ qi + Σ qr) (int32, exact) and Σ q.
-struct QueryInt8 {
-  std::int8_t* qi = nullptr;          // [n_states][D]
-  std::int8_t* qr = nullptr;          // [n_states][D]
-  float* sigma = nullptr;             // [n_states][groups]: the step of 254 qi + qr
-  std::int32_t* offset_sum = nullptr; // [n_states][groups]: o * (254 Σ qi + Σ qr)
-  float* q_sum = nullptr;             // [n_states][groups]
-  int groups = 0;
-};
-
-/// Keys per tile: 16 (a quarter of a 64-bit validity word, so one tile's mask is one shift away).
-inline constexpr int kTile = 16;
-
-/// Working memory the SIMD kernels carve out of kernels::Scratch (grown on demand, never shrunk):
-///   k_tile: [kTile][D] dequantized keys, then per-channel key scales [D] and zero-points [D],
-///           then decoded metadata of one row or one channel group (<= 2 * D floats, here 2 * D + 8);
-///   v_tile: [kTile][D] dequantized values;
-///   scores: [n_states][kTile] logits, then probabilities, of the current tile.
-struct TileMemory {
-  float* k_tile;
-  float* v_tile;
-  float* ch_scale;
-  float* ch_zero;
-  float* row_meta;
-  float* scores;
-};
-
-inline TileMemory prepare_scratch(Scratch& s, int n_states, int D) {
-  s.ensure(n_states, D, 1);
-  const auto Dz = static_cast<std::size_t>(D);
-  const std::size_t k_need = (kTile + 4) * Dz + 8;
-  if (s.k_tile.size() < k_need) s.k_tile.resize(k_need);
-  if (s.v_tile.size() < kTile * Dz) s.v_tile.resize(kTile * Dz);
-  const std::size_t sc_need = static_cast<std::size_t>(n_states) * kTile;
-  if (s.scores.size() < sc_need) s.scores.resize(sc_need);
-  float* k = s.k_tile.data();
-  return {k, s.v_tile.data(), k + kTile * Dz, k + (kTile + 1) * Dz, k + (kTile + 2) * Dz, s.scores.data()};
-}
 
 /// The fused kernel for one KV head over an instruction set `Isa`, head_dim DT (0 = run time).
 ///
@@ -136,7 +63,8 @@ inline TileMemory prepare_scratch(Scratch& s, int n_states, int D) {
 ///   quantize_query<C>(q, D, st, qq), int_scores<C, JS>(...), int_accumulate<C, JS>(...)
 ///       (contracts in kernels/avx2/int_dot.hpp; an Isa without them sets both flags false).
 template <class Isa, KvCodec KC, KvCodec VC, bool KPerChannel, int DT>
-void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayout& L, Scratch& s) {
+void attend_tiled(const AttendArgs& a_in, const HeadSegments& seg, const BlockLayout& L, Scratch& s) {
+  const AttendArgs a = rope_queries(a_in, s);  // PreRope: rotated queries (else a_in itself)
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   constexpr int T = kTile;
   const int D = DT > 0 ? DT : a.head_dim;
@@ -168,6 +96,7 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
   // Integer Q·K (Isa::int_dot_key<KC>): the queries are quantized once here, and quantized
   // tiles are scored from their codes (K is never dequantized); exact rows keep fp32 scores.
   constexpr bool kIntKeys = !KPerChannel && Isa::template int_dot_key<KC>;
+  const bool int_keys = kIntKeys && !a.rope;  // pre-RoPE keys are rotated in fp32: no code scores
   // Integer P·V (Isa::int_dot_value<VC>): quantized tiles accumulate V from its codes.
   constexpr bool kIntValues = Isa::template int_dot_value<VC>;
   float* value_meta = mem.v_tile;  // [2][groups][kTile] V scales and zeros (the fp32 V tile is unused)
@@ -185,7 +114,7 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
     qq.offset_sum = s.q_offsets.data();
     qq.q_sum = qq.sigma + ns * ng;
     key_meta = qq.q_sum + ns * ng;
-    if (!seg.blocks.empty())
+    if (!seg.blocks.empty() && int_keys)
       for (int st = 0; st < n_states; ++st) Isa::template quantize_query<KC>(q_of(st), D, st, qq);
   }
 
@@ -198,7 +127,7 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
     else return 0;
   }();
   [[maybe_unused]] const bool int_block_usable = [&] {
-    if constexpr (kIntBlock) return !a.key_mass && n_states <= Isa::int_block_max_states;
+    if constexpr (kIntBlock) return !a.key_mass && !a.rope && n_states <= Isa::int_block_max_states;
     else return false;
   }();
 
@@ -312,7 +241,13 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
     for (std::int64_t t0 = 0; t0 < r.count; t0 += T) {
       if (r.first + t0 > last_query) break;  // causal: no query sees these rows
       const int n = static_cast<int>(std::min<std::int64_t>(T, r.count - t0));
-      tile(fp32_scores(r.k + t0 * r.stride, r.stride, n), r.v + t0 * r.stride, r.stride, r.first + t0, n, 0xFFFFFFFFu,
+      const float* k = r.k + t0 * r.stride;
+      std::int64_t k_stride = r.stride;
+      if (a.rope) {  // pre-RoPE keys: a rotated copy in the K tile
+        rope_exact_rows(*a.rope, r, t0, n, D, mem.k_tile);
+        k = mem.k_tile, k_stride = D;
+      }
+      tile(fp32_scores(k, k_stride, n), r.v + t0 * r.stride, r.stride, r.first + t0, n, 0xFFFFFFFFu,
            false, ordinal + t0, nullptr, nullptr);
     }
   };
@@ -347,9 +282,9 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
       // Dequantize the tile (masked-out rows are left as they are: never read unmasked).
       const float* kt = mem.k_tile;
       const float* vt = mem.v_tile;
-      if constexpr (kIntKeys) {
+      if (int_keys) {
         (void)kt;  // scored from the codes below
-      } else if constexpr (std::is_same_v<KC, Fp32> && !KPerChannel) {
+      } else if (std::is_same_v<KC, Fp32> && !KPerChannel && !a.rope) {
         kt = reinterpret_cast<const float*>(b.data + L.k_codes + static_cast<std::size_t>(t0) * L.k_row);
       } else {
         for (int t = 0; t < n; ++t) {
@@ -369,6 +304,7 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
                                          D, kr, mem.row_meta);
           }
         }
+        if (a.rope) rope_block_rows(*a.rope, b, L, t0, n, mem.k_tile, D);
       }
       const std::byte* vcodes = nullptr;
       const std::byte* vmeta = nullptr;
@@ -385,27 +321,30 @@ void attend_tiled(const AttendArgs& a, const HeadSegments& seg, const BlockLayou
                                        mem.v_tile + static_cast<std::size_t>(t) * Dz, mem.row_meta);
         }
       }
+      bool scored = false;
       if constexpr (kIntKeys) {
-        const std::byte* codes = b.data + L.k_codes + static_cast<std::size_t>(t0) * L.k_row;
-        const std::byte* meta = b.data + L.k_meta + static_cast<std::size_t>(t0) * L.k_meta_token;
-        auto int_scores = [&](int st) {
-          const int rem = n_states - st;
-          const int js = rem >= 4 ? 4 : rem;
-          auto run = [&](auto jsc) {
-            Isa::template int_scores<KC, decltype(jsc)::value>(qq, st, codes, L.k_row, meta, L.k_meta_token, n, D,
-                                                               a.scale, row_of(st), T, key_meta,
-                                                               key_meta + T * qq.groups);
+        if (int_keys) {
+          const std::byte* codes = b.data + L.k_codes + static_cast<std::size_t>(t0) * L.k_row;
+          const std::byte* meta = b.data + L.k_meta + static_cast<std::size_t>(t0) * L.k_meta_token;
+          auto int_scores = [&](int st) {
+            const int rem = n_states - st;
+            const int js = rem >= 4 ? 4 : rem;
+            auto run = [&](auto jsc) {
+              Isa::template int_scores<KC, decltype(jsc)::value>(qq, st, codes, L.k_row, meta, L.k_meta_token, n, D,
+                                                                 a.scale, row_of(st), T, key_meta,
+                                                                 key_meta + T * qq.groups);
+            };
+            if (js == 4) run(std::integral_constant<int, 4>{});
+            else if (js == 3) run(std::integral_constant<int, 3>{});
+            else if (js == 2) run(std::integral_constant<int, 2>{});
+            else run(std::integral_constant<int, 1>{});
+            return js;
           };
-          if (js == 4) run(std::integral_constant<int, 4>{});
-          else if (js == 3) run(std::integral_constant<int, 3>{});
-          else if (js == 2) run(std::integral_constant<int, 2>{});
-          else run(std::integral_constant<int, 1>{});
-          return js;
-        };
-        tile(int_scores, vt, D, b.first + t0, n, bits, b.valid != nullptr, ordinal + t0, vcodes, vmeta);
-      } else {
-        tile(fp32_scores(kt, D, n), vt, D, b.first + t0, n, bits, b.valid != nullptr, ordinal + t0, vcodes, vmeta);
+          tile(int_scores, vt, D, b.first + t0, n, bits, b.valid != nullptr, ordinal + t0, vcodes, vmeta);
+          scored = true;
+        }
       }
+      if (!scored) tile(fp32_scores(kt, D, n), vt, D, b.first + t0, n, bits, b.valid != nullptr, ordinal + t0, vcodes, vmeta);
     }
   }
   exact(seg.pending, pending_ord);

@@ -24,6 +24,8 @@
 #include "kvpack/cache/input_checks.hpp"
 #include "kvpack/cache/inspect.hpp"
 #include "kvpack/cache/offload_hooks.hpp"
+#include "kvpack/cache/policy_checks.hpp"
+#include "kvpack/cache/rope_state.hpp"
 #include "kvpack/cache/sequence_store.hpp"
 #include "kvpack/cache/shape.hpp"
 #include "kvpack/cache/workspace.hpp"
@@ -47,6 +49,8 @@ namespace kvpack {
 ///                  resident budget (default NoOffload; include/kvpack/offload/cache_offload.hpp)
 ///  * Demote<Keys<LK>, Values<LV>>  with an eviction policy: dropped tokens are re-coded into a
 ///                  low-precision tier and still attended (default NoDemotion; cache/demotion_tier.hpp)
+///  * PreRope<OriginalPositions | CacheRelative>  keys and queries arrive before RoPE and the
+///                  kernels rotate them (default PostRope; kernels/rope.hpp, ModelShape::rope_*)
 ///
 /// Keyframe<Interval, ...> codecs (codec/keyframe.hpp) for K and/or V: blocks hold exactly one
 /// interval (Blocks<> defaults to Interval; another size is a compile error), tokens are committed
@@ -61,8 +65,9 @@ namespace kvpack {
 /// they were chunked (CASES C12). Attention reads sinks and pending tokens exactly, quantized
 /// blocks through the fused kernel, and the tokens of the latest append exactly (CASES C5).
 ///
-/// Positions: the cache stores the positions the engine passes (keys arrive post-RoPE) and never
-/// renumbers them. Thread safety: none; use one cache per sequence, or external locking.
+/// Positions: the cache stores the positions the engine passes and never renumbers them; keys
+/// arrive post-RoPE, or pre-RoPE with PreRope<> (then attention rotates at the stored positions,
+/// or at each token's rank among the held ones with PreRope<CacheRelative>). Thread safety: none; use one cache per sequence, or external locking.
 template <class... Policies>
 class KVCache {
   static_assert(((!std::is_void_v<detail::role_of_t<Policies>>) && ...),
@@ -78,12 +83,14 @@ class KVCache {
                 "kvpack::KVCache<...>: more than one eviction policy (NoEviction, SinkWindow, H2O, SnapKV, BlockSparse, ...)");
   static_assert(detail::role_count_v<role::offload, Policies...> <= 1, "kvpack::KVCache<...>: more than one Offload<> policy");
   static_assert(detail::role_count_v<role::demotion, Policies...> <= 1, "kvpack::KVCache<...>: more than one Demote<> policy");
+  static_assert(detail::role_count_v<role::rope, Policies...> <= 1, "kvpack::KVCache<...>: more than one PreRope<> policy");
 
   using KeysP = detail::find_role_t<role::keys, Keys<Fp32>, Policies...>;
   using ValuesP = detail::find_role_t<role::values, Values<Fp32>, Policies...>;
   using EvictP = detail::find_role_t<role::eviction, NoEviction, Policies...>;
   using OffloadP = detail::find_role_t<role::offload, NoOffload, Policies...>;
   using DemoteP = detail::find_role_t<role::demotion, NoDemotion, Policies...>;
+  using RopeP = detail::find_role_t<role::rope, PostRope, Policies...>;
 
  public:
   using key_codec = typename KeysP::codec;
@@ -124,27 +131,13 @@ class KVCache {
   /// The per-sequence storage (cache/sequence_store.hpp) and its demotion tier (NoDemotionTier: none).
   using tier_type = typename demotion_tier_of<DemoteP, codec_hook, backend_tag>::type;
   using store_type = SequenceStore<codec_hook, sink_tokens, residual_tokens, evicts, tier_type>;
+  static constexpr bool pre_rope = RopeP::enabled;  ///< PreRope<>: keys and queries arrive before RoPE
+  static constexpr bool rope_cache_relative = RopeP::cache_relative;
 
-  static_assert(!offloads || !evicts,
-                "kvpack::KVCache<...>: Offload<> moves full, immutable blocks; it cannot be combined with an "
-                "eviction policy, which rewrites blocks in place");
-  static_assert(!demotes || evicts,
-                "kvpack::KVCache<...>: Demote<> re-codes the tokens an eviction policy drops; add an eviction policy "
-                "(SinkWindow, H2O, SnapKV, BlockSparse, TOVA or their Budget/Protocol forms) or drop Demote<>");
-  static_assert(!evicts || !keys_per_channel,
-                "kvpack::KVCache<...>: token-level eviction (SinkWindow, H2O, SnapKV) needs per-token keys; "
-                "per-channel key groups cannot lose single tokens");
-  static_assert(!evicts || codec_hook::commit_unit == 1,
-                "kvpack::KVCache<...>: eviction policies cannot remove single tokens from a Keyframe<...> interval");
-  static_assert(!codec_hook::required_block_tokens || block_tokens == codec_hook::required_block_tokens,
-                "kvpack::KVCache<...>: with a Keyframe<Interval, ...> codec, a block holds exactly one interval: "
-                "Blocks<B> must equal Interval (and K and V keyframe intervals must match)");
-  static_assert(!eviction_hook::required_block_tokens || block_tokens == eviction_hook::required_block_tokens,
-                "kvpack::KVCache<...>: BlockSparse<Budget, B> sets the storage block size; a Blocks<> policy with "
-                "another size contradicts it (drop Blocks<> or make it Blocks<B>)");
-  static_assert(!keys_per_channel || block_tokens % key_codec::group_size == 0,
-                "kvpack::KVCache<...>: with Keys<Codec, PerChannel>, Blocks<B> must be a multiple of the key group "
-                "size (a block holds whole groups of tokens)");
+  static_assert(cache_detail::check_policies<
+      offloads, evicts, demotes, keys_per_channel, codec_hook::commit_unit, codec_hook::required_block_tokens,
+      eviction_hook::required_block_tokens, block_tokens, key_codec::group_size, pre_rope, codec_hook::interval_blocks,
+      requires(eviction_hook& e, store_type& s, Workspace& w) { e.compress_prompt(s, w, 0); }>());
 
   /// Creates an empty cache for `shape`. Errors (Errc::invalid_argument): non-positive sizes,
   /// q_heads not a multiple of kv_heads, head_dim odd, above 65535 or not a multiple of a per-token
@@ -155,6 +148,8 @@ class KVCache {
   [[nodiscard]] static Result<KVCache> create(const ModelShape& shape, const offload_options& offload = {}) {
     if (Status s = validate_shape(shape, codec_hook::K::row_group, codec_hook::V::row_group); !s) return s.error();
     if (Status s = eviction_hook::check(shape); !s) return s.error();
+    if constexpr (pre_rope)
+      if (Status s = validate_rope(shape); !s) return s.error();
     const std::size_t bytes = saturating_bytes(static_cast<std::uint64_t>(shape.layers), sizeof(typename store_type::Layer) +
                                                static_cast<std::size_t>(shape.kv_heads) * sizeof(HeadStore));
     return catch_alloc("KVCache::create", bytes, [&]() -> Result<KVCache> {  // Errc::out_of_memory
@@ -171,6 +166,7 @@ class KVCache {
     if (this != &o) {
       hook_.wipe();  // the store wipes itself on move-assignment
       store_ = std::move(o.store_), hook_ = std::move(o.hook_), ws_ = std::move(o.ws_), off_ = std::move(o.off_);
+      rope_ = std::move(o.rope_);
     }
     return *this;
   }
@@ -207,7 +203,10 @@ class KVCache {
     if (Status s = cache_detail::check_append_positions(layer, positions); !s) return s;
     if (Status s = cache_detail::check_finite_rows(shape(), layer, L.total, k, "K"); !s) return s;
     if (Status s = cache_detail::check_finite_rows(shape(), layer, L.total, v, "V"); !s) return s;
-    return catch_alloc("append", 0, [&] { return append_tokens<evicts>(store_, hook_, ws_, off_, layer, k, v, positions); });
+    return catch_alloc("append", 0, [&] {
+      rope_.reserve(positions, bound);  // PreRope: the cos/sin table first
+      return append_tokens<evicts>(store_, hook_, ws_, off_, layer, k, v, positions);
+    });
   }
 
   /// Runs attend() through `executor` (include/kvpack/executor.hpp; e.g. thread_executor(2) or an
@@ -253,7 +252,8 @@ class KVCache {
       for (int h = 0; h < shape().kv_heads && !ws_.exec; ++h) {
         const std::int64_t at = static_cast<std::int64_t>(h) * group * D;
         kernels::AttendArgs a = store_.args_for(L, q.data() + at, out.data() + at, n_q, group);
-        const kernels::HeadSegments seg = store_.segments(layer, h, hook_, off_, ws_.refs);
+        kernels::HeadSegments seg = store_.segments(layer, h, hook_, off_, ws_.refs);
+        rope_.decorate(a, seg, ws_.refs, L, h, slot_tokens(L, h), block_tokens);
         if constexpr (eviction_hook::wants_mass) {  // the kernel gathers each key's attention mass
           std::vector<float>& m = ws_.head_mass[static_cast<std::size_t>(h)];
           m.assign(static_cast<std::size_t>(store_.ordinals(seg)), 0.f);
@@ -337,7 +337,8 @@ class KVCache {
   /// (the latest chunk, kernel scratch) are not included.
   [[nodiscard]] std::size_t memory_bytes() const noexcept { return held_bytes(store_, hook_); }
   /// Bytes allocated for KV data (whole blocks, vector capacities, the latest chunk's copy).
-  [[nodiscard]] std::size_t allocated_bytes() const noexcept { return allocated_bytes_of(store_, hook_); }
+  /// PreRope<> adds its cos/sin table (rope_dims floats per position up to the largest used).
+  [[nodiscard]] std::size_t allocated_bytes() const noexcept { return allocated_bytes_of(store_, hook_) + rope_.bytes(); }
   /// Measured bits per K / V value in blocks (StoredBits, cache/inspect.hpp; keyframes: per interval mode).
   [[nodiscard]] StoredBits stored_bits() const noexcept { return stored_bits_of(store_); }
 
@@ -361,8 +362,7 @@ class KVCache {
     return evicts ? store_.layer(layer).heads[0].live : store_.layer(layer).committed;
   }
   [[nodiscard]] const ModelShape& shape() const noexcept { return store_.shape(); }
-  /// Offload<> only: the offload state: prefetch(layer) hint for the engine, metrics(),
-  /// flush(), store() (include/kvpack/offload/cache_offload.hpp).
+  /// Offload<> only: the offload state: prefetch(layer), metrics(), flush(), store() (offload/cache_offload.hpp).
   [[nodiscard]] auto& offload() noexcept requires(offloads) { return off_; }
   [[nodiscard]] const auto& offload() const noexcept requires(offloads) { return off_; }
   [[nodiscard]] const BlockLayout& block_layout() const noexcept { return store_.layout(); }
@@ -399,7 +399,7 @@ class KVCache {
   }
 
  private:
-  explicit KVCache(const ModelShape& shape) : store_(shape, block_tokens) { hook_.init(shape); }
+  explicit KVCache(const ModelShape& shape) : store_(shape, block_tokens) { hook_.init(shape), rope_.init(shape); }
 
   // attend() over the executor: one kernel job per KV head, cut into split-K chunks.
   void attend_parallel(int layer, std::span<const float> q, std::span<float> out, std::int64_t n_q, int group) {
@@ -411,6 +411,8 @@ class KVCache {
       auto& job = ws_.jobs[h];
       job = {store_.args_for(store_.layer(layer), q.data() + at, out.data() + at, n_q, group),
              store_.segments(layer, static_cast<int>(h), hook_, off_, ws_.head_refs[h])};
+      rope_.decorate(job.args, job.seg, ws_.head_refs[h], store_.layer(layer), static_cast<int>(h),
+                     slot_tokens(store_.layer(layer), static_cast<int>(h)), block_tokens);
       if constexpr (eviction_hook::wants_mass) {
         ws_.head_mass[h].assign(static_cast<std::size_t>(store_.ordinals(job.seg)), 0.f);
         job.args.key_mass = ws_.head_mass[h].data();
@@ -425,6 +427,10 @@ class KVCache {
         attend_demoted(store_.tier(), layer, static_cast<int>(h), ws_.jobs[h].args, ws_.parallel.scratch[h], ws_.tier);
   }
 
+  // PreRope ranks: the cache index of every slot of head h when slots are reused (eviction).
+  static const std::vector<std::int32_t>* slot_tokens(const typename store_type::Layer& L, int h) noexcept {
+    return evicts ? &L.heads[static_cast<std::size_t>(h)].slot_token : nullptr;
+  }
   [[nodiscard]] bool valid(int layer, int kv_head = 0) const noexcept {
     return layer >= 0 && layer < shape().layers && kv_head >= 0 && kv_head < shape().kv_heads;
   }
@@ -438,6 +444,7 @@ class KVCache {
   eviction_hook hook_;            // the eviction policy's budget and per-layer state
   Workspace ws_;                  // scratch of attention and scoring (no token data between calls)
   typename OffloadP::state off_;  // offload store and attend-time handles (no-ops without Offload<>)
+  RopeState<RopeP> rope_;         // PreRope<>: the cos/sin table and per-head positions (else empty)
 };
 
 }  // namespace kvpack

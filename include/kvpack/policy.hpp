@@ -26,6 +26,7 @@ struct backend {};
 struct eviction {};
 struct offload {};  ///< NoOffload (default, include/kvpack/cache/offload_hooks.hpp) or offload::Offload<...>
 struct demotion {};  ///< NoDemotion (default) or Demote<Keys<LK>, Values<LV>>
+struct rope {};      ///< PostRope (default: keys arrive rotated) or PreRope<Positions>
 }  // namespace role
 
 /// Key grouping axis: groups run along head_dim within each token (per-token, the default).
@@ -102,6 +103,34 @@ template <class Tag>
 struct Backend {
   using kvpack_role = role::backend;
   using tag = Tag;
+};
+
+/// Keys arrive after RoPE (the engine rotated them); the cache never touches positions. Default.
+struct PostRope {
+  using kvpack_role = role::rope;
+  static constexpr bool enabled = false;
+  static constexpr bool cache_relative = false;
+};
+/// RoPE positions of PreRope<>: each token's original position (as appended).
+struct OriginalPositions {};
+/// RoPE positions of PreRope<>: each held token's rank within the cache (0, 1, ... in arrival
+/// order over the tokens a KV head holds after eviction), the query at the next rank: StreamingLLM's
+/// positions within the cache (arXiv:2309.17453, section 3.2), which keep every distance inside
+/// the range the model was trained on however long the stream runs.
+struct CacheRelative {};
+/// Keys (and queries) arrive before RoPE; the attention kernels rotate queries and dequantized
+/// keys at their positions (kernels/rope.hpp; ModelShape::rope_base / rope_dims / rope_neox give
+/// the model's RoPE). Keys are quantized unrotated, as KVQuant (arXiv:2401.18079) recommends for
+/// per-channel keys. Costs: the AVX2 integer Q·K paths step aside (fp32 tiles), each key row is
+/// rotated once per attend and KV head, and a cos/sin table of rope_dims floats per position
+/// (grown to the largest position used) sits beside the cache.
+template <class Positions = OriginalPositions>
+struct PreRope {
+  static_assert(std::is_same_v<Positions, OriginalPositions> || std::is_same_v<Positions, CacheRelative>,
+                "kvpack::PreRope<Positions>: Positions must be kvpack::OriginalPositions or kvpack::CacheRelative");
+  using kvpack_role = role::rope;
+  static constexpr bool enabled = true;
+  static constexpr bool cache_relative = std::is_same_v<Positions, CacheRelative>;
 };
 
 namespace detail {

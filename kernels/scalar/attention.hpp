@@ -5,7 +5,9 @@
 // in order (sinks, quantized blocks, pending full-precision rows, the current chunk), dequantizes
 // each block once into a small tile, scores every query of the group against each key of the tile
 // (so K and V are read once per KV head, not once per query head), and keeps an online softmax
-// (Milakov & Gimelshein 2018; FlashAttention) with fp32 accumulation.
+// (Milakov & Gimelshein 2018; FlashAttention) with fp32 accumulation. With AttendArgs::rope
+// (PreRope<> caches) the queries and each dequantized key are first rotated at their positions
+// (kernels/rope.hpp).
 #pragma once
 
 #include <algorithm>
@@ -18,99 +20,10 @@
 
 #include "kvpack/cache/block.hpp"
 #include "kvpack/codec/rows.hpp"
+#include "kvpack/kernels/attend_args.hpp"
+#include "kvpack/kernels/rope.hpp"
 
 namespace kvpack::kernels {
-
-/// Full-precision rows of one KV head: token t's key at k + t * stride (floats), value likewise;
-/// tokens carry cache indices [first, first + count).
-struct ExactRows {
-  const float* k = nullptr;
-  const float* v = nullptr;
-  std::int64_t stride = 0;
-  std::int64_t first = 0;
-  std::int64_t count = 0;
-};
-
-/// A quantized block of one KV head: payload laid out as BlockLayout. Without a mask, its first
-/// `count` slots hold tokens with cache indices [first, first + count), masked causally. With a
-/// mask (eviction caches), slot t is read iff bit t % 64 of valid[t / 64] is set, and every
-/// masked-in slot is visible to every query (the cache only masks in tokens older than the
-/// queries); `first` is then unused.
-struct BlockRef {
-  const std::byte* data = nullptr;
-  std::int64_t first = 0;
-  int count = 0;
-  const std::uint64_t* valid = nullptr;
-  std::uint8_t flags = 0;  ///< the block's BlockHeader::flags (keyframe delta/plain mode bits)
-};
-
-/// Everything one KV head holds, in cache-index order.
-struct HeadSegments {
-  ExactRows sinks;
-  std::span<const BlockRef> blocks;
-  ExactRows pending;
-  ExactRows chunk;
-};
-
-/// Queries and outputs of one GQA group. Query i (cache index q_first + i), group head j:
-/// q + i * q_stride + j * head_dim; out likewise with out_stride. Causal: a query sees keys whose
-/// cache index is <= its own.
-///
-/// key_mass (optional, for heavy-hitter eviction): when non-null, the kernel adds to
-/// key_mass[ordinal] the attention probability each key received, summed over the n_q queries and
-/// the group's query heads. Ordinals: sinks rows first, then block i slot t at
-/// sinks.count + i * BlockTokens + t, then pending rows, then chunk rows. Masked or invisible keys
-/// receive nothing. Scores are kept in scratch while the kernel runs: no second pass over K/V.
-///
-/// bias (optional, additive attention mask): when non-null, bias[c] is added to the scaled score
-/// q.k * scale of the key with cache index c, for every query and every head of the group (one
-/// bias per key, not per head); -inf drops the key. It must hold an entry for every cache index
-/// the kernel reads (sinks, blocks' first + slot, pending and chunk rows), be finite or -inf, and
-/// the kernels read it only for unmasked blocks (BlockRef::valid == nullptr). Honoured by
-/// attend_scalar, attend_avx2 and attend_neon (kernels/simd_common.hpp); attend_keyframe ignores
-/// it (its only caller, KVCache with Keyframe<> codecs, never sets it). nullptr: the kernels run
-/// exactly as without the field (bit-identical outputs).
-struct AttendArgs {
-  int head_dim = 0;
-  int group = 1;
-  int n_q = 0;
-  std::int64_t q_first = 0;
-  float scale = 1.f;
-  const float* q = nullptr;
-  std::int64_t q_stride = 0;
-  float* out = nullptr;
-  std::int64_t out_stride = 0;
-  float* key_mass = nullptr;
-  const float* bias = nullptr;
-};
-
-/// Reusable working memory of the kernel (grown on demand, never shrunk: no steady-state allocation).
-struct Scratch {
-  std::vector<float> m, l, acc, scores, k_tile, v_tile;
-  std::vector<float> logits;                 // [n_states][n_ordinals] when key_mass is requested
-  std::int64_t n_ordinals = 0;
-  std::vector<GroupParams> channel_params;  // per-channel key metadata of one token group
-  std::vector<float> block_scores;           // keyframe kernel: [n_states][BlockTokens] probabilities
-  std::vector<std::int8_t> q_int8;           // SIMD integer Q·K: quantized queries [2][n_states][D]
-  std::vector<std::int32_t> q_offsets;       // ... their code-offset sums [n_states][groups]
-  std::vector<float> q_params;               // ... and their per-group parameters, key tile metadata
-  std::vector<std::int16_t> q_int16;         // AVX2 block path: int16 queries [n_states][D]
-  std::vector<float> block_work;             // ... and its working memory (kernels/avx2/int_block.hpp)
-  void ensure(int n_states, int head_dim, int tile) {
-    const auto ns = static_cast<std::size_t>(n_states);
-    const auto D = static_cast<std::size_t>(head_dim);
-    const auto T = static_cast<std::size_t>(tile);
-    // Each vector on its own: after a std::bad_alloc between two resizes the next call still
-    // grows the one left short (tests/test_alloc_fault.cpp).
-    if (m.size() < ns) m.resize(ns);
-    if (l.size() < ns) l.resize(ns);
-    if (acc.size() < ns * D) acc.resize(ns * D);
-    if (scores.size() < T) scores.resize(T);
-    if (k_tile.size() < T * D) k_tile.resize(T * D);
-    if (v_tile.size() < T * D) v_tile.resize(T * D);
-    if (channel_params.size() < D) channel_params.resize(D);
-  }
-};
 
 namespace scalar_detail {
 
@@ -118,8 +31,8 @@ namespace scalar_detail {
 /// cache index `first` (causal), or, when `valid` is non-null, the slots whose bit is set.
 /// `ordinal` numbers the first key for key_mass bookkeeping; a.bias[first + t] is added to key
 /// t's scaled score when a.bias is set and `valid` is not.
-inline void accumulate_tile(const AttendArgs& a, const float* kt, const float* vt, std::int64_t stride,
-                            std::int64_t first, std::int64_t count, const std::uint64_t* valid,
+inline void accumulate_tile(const AttendArgs& a, const float* kt, std::int64_t k_stride, const float* vt,
+                            std::int64_t stride, std::int64_t first, std::int64_t count, const std::uint64_t* valid,
                             std::int64_t ordinal, Scratch& s) {
   const int D = a.head_dim;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -134,7 +47,7 @@ inline void accumulate_tile(const AttendArgs& a, const float* kt, const float* v
       for (std::int64_t t = 0; t < visible; ++t) {
         float sc = kNegInf;
         if (!valid || ((valid[t / 64] >> (t % 64)) & 1u)) {
-          const float* k = kt + t * stride;
+          const float* k = kt + t * k_stride;
           float dot = 0.f;
           for (int d = 0; d < D; ++d) dot += q[d] * k[d];
           sc = dot * a.scale;
@@ -225,7 +138,8 @@ inline void write_output(const AttendArgs& a, const Scratch& s) {
 /// hold each state's running max logit and softmax denominator (split-K combines them).
 /// Preconditions (checked by KVCache): layout matches the blocks, scratch not shared across threads.
 template <KvCodec KC, KvCodec VC, bool KPerChannel>
-void attend_scalar(const AttendArgs& a, const HeadSegments& seg, const BlockLayout& L, Scratch& s) {
+void attend_scalar(const AttendArgs& a_in, const HeadSegments& seg, const BlockLayout& L, Scratch& s) {
+  const AttendArgs a = rope_queries(a_in, s);  // PreRope: rotated queries (else a_in itself)
   const int D = a.head_dim;
   const int n_states = a.n_q * a.group;
   s.ensure(n_states, D, std::max(L.tokens, 1));
@@ -246,7 +160,13 @@ void attend_scalar(const AttendArgs& a, const HeadSegments& seg, const BlockLayo
     // Tile exact rows too, so the score buffer stays BlockTokens long.
     for (std::int64_t t0 = 0; t0 < r.count; t0 += L.tokens) {
       const std::int64_t n = std::min<std::int64_t>(L.tokens, r.count - t0);
-      scalar_detail::accumulate_tile(a, r.k + t0 * r.stride, r.v + t0 * r.stride, r.stride, r.first + t0, n, nullptr,
+      const float* k = r.k + t0 * r.stride;
+      std::int64_t k_stride = r.stride;
+      if (a.rope) {  // pre-RoPE keys: a rotated copy in the K tile
+        rope_exact_rows(*a.rope, r, t0, static_cast<int>(n), D, s.k_tile.data());
+        k = s.k_tile.data(), k_stride = D;
+      }
+      scalar_detail::accumulate_tile(a, k, k_stride, r.v + t0 * r.stride, r.stride, r.first + t0, n, nullptr,
                                      ordinal + t0, s);
     }
   };
@@ -255,7 +175,9 @@ void attend_scalar(const AttendArgs& a, const HeadSegments& seg, const BlockLayo
     const BlockRef& b = seg.blocks[i];
     if (b.count == 0 || (!b.valid && b.first > a.q_first + a.n_q - 1)) continue;
     scalar_detail::dequantize_block<KC, VC, KPerChannel>(L, b, s);
-    scalar_detail::accumulate_tile(a, s.k_tile.data(), s.v_tile.data(), D, b.first, b.count, b.valid,
+    if (a.rope)  // pre-RoPE keys: rotated at their positions (masked-out slots skipped)
+      rope_block_rows(*a.rope, b, L, 0, b.count, s.k_tile.data(), D);
+    scalar_detail::accumulate_tile(a, s.k_tile.data(), D, s.v_tile.data(), D, b.first, b.count, b.valid,
                                    blocks_ord + static_cast<std::int64_t>(i) * L.tokens, s);
   }
   exact(seg.pending, pending_ord);

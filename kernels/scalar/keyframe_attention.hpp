@@ -108,7 +108,7 @@ void attend_keyframe(const AttendArgs& a, const HeadSegments& seg, const BlockLa
   auto exact = [&](const ExactRows& r) {
     for (std::int64_t t0 = 0; t0 < r.count; t0 += B) {
       const std::int64_t n = std::min<std::int64_t>(B, r.count - t0);
-      scalar_detail::accumulate_tile(a, r.k + t0 * r.stride, r.v + t0 * r.stride, r.stride, r.first + t0, n, nullptr, 0, s);
+      scalar_detail::accumulate_tile(a, r.k + t0 * r.stride, r.stride, r.v + t0 * r.stride, r.stride, r.first + t0, n, nullptr, 0, s);
     }
   };
   exact(seg.sinks);

@@ -147,6 +147,8 @@ class Model {
     s.kv_heads = cfg.kv_heads;
     s.head_dim = cfg.head_dim;
     s.max_tokens = max_tokens;
+    s.rope_base = cfg.rope_base;  // read by PreRope<> caches, which rotate keys themselves
+    s.rope_dims = cfg.head_dim;
     return s;
   }
 
@@ -211,9 +213,15 @@ class Model {
       linear(h, w.wv, v, batch_invariant);
       RowMat k_pre;
       if (tap) k_pre = k;
-      rope(q, cfg.q_heads);
-      rope(k, cfg.kv_heads);
-      if (tap) tap(l, span_of(k_pre), span_of(k), span_of(v));
+      if constexpr (!takes_pre_rope_v<std::remove_cvref_t<Cache>>) {  // PreRope<> caches rotate in attention
+        rope(q, cfg.q_heads);
+        rope(k, cfg.kv_heads);
+        if (tap) tap(l, span_of(k_pre), span_of(k), span_of(v));
+      } else if (tap) {
+        RowMat k_post = k;
+        rope(k_post, cfg.kv_heads);
+        tap(l, span_of(k_pre), span_of(k_post), span_of(v));
+      }
       if (auto st = cache.append(l, span_of(k), span_of(v), positions); !st) return st;
       if (auto st = cache.attend(l, span_of(q), std::span<float>(att.data(), size_t(att.size()))); !st) return st;
       linear(att, w.wo, tmp, batch_invariant);

@@ -131,6 +131,20 @@ using Registry = PolicyList<
     Policy<"int4-g32+snapkv-25", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SnapKVBudget<Fraction<1, 4>>>, false>,
     Policy<"int4-g32+block-sparse-50", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, BlockSparse<Fraction<1, 2>>>, false>,
     Policy<"int4-g32+block-sparse-25", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, BlockSparse<Fraction<1, 4>>>, false>,
+    // Keys before RoPE (PreRope<>, issue 20; not default): the kernels rotate queries and keys at
+    // the stored positions (-pre: must score as the post-RoPE policy up to rounding for fp32) or
+    // at each held token's rank in the cache (-rel, StreamingLLM's positions within the cache).
+    Policy<"fp32-pre", KVCache<PreRope<>>, false>,
+    Policy<"int4-g32-pre", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, PreRope<>>, false>,
+    Policy<"kivi4-pre", KVCache<Keys<Int4<Group<32>>, PerChannel>, Values<Int4<Group<32>>>, Residual<128>, PreRope<>>, false>,
+    Policy<"kivi4-r0-pre", KVCache<Keys<Int4<Group<32>>, PerChannel>, Values<Int4<Group<32>>>, PreRope<>>, false>,
+    Policy<"kivi2-r0-pre", KVCache<Keys<Int2<Group<32>>, PerChannel>, Values<Int2<Group<32>>>, PreRope<>>, false>,
+    Policy<"kc3v3-g64-pre", KVCache<Keys<Int3<Group<64>>, PerChannel>, Values<Int3<Group<64>>>, PreRope<>>, false>,
+    Policy<"sink-window-50-pre", KVCache<SinkWindowBudget<Fraction<1, 2>>, PreRope<>>, false>,
+    Policy<"sink-window-50-rel", KVCache<SinkWindowBudget<Fraction<1, 2>>, PreRope<CacheRelative>>, false>,
+    Policy<"sink-window-25-rel", KVCache<SinkWindowBudget<Fraction<1, 4>>, PreRope<CacheRelative>>, false>,
+    Policy<"h2o-50-rel", KVCache<H2OBudget<Fraction<1, 2>>, PreRope<CacheRelative>>, false>,
+    Policy<"h2o-25-rel", KVCache<H2OBudget<Fraction<1, 4>>, PreRope<CacheRelative>>, false>,
 #if defined(KVPACK_HAS_SODIUM)
     // int4-g32 with full blocks offloaded to an encrypted file tier under a resident budget
     // (--offload-budget, default 25 %), prefetching 2 layers ahead; logits must equal int4-g32's.

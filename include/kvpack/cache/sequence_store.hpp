@@ -48,6 +48,7 @@ class SequenceStore {
     std::vector<std::int32_t> sink_pos;
     PendingRows pend;                   ///< [pending][kv_heads][D], oldest first
     std::vector<float> chunk_k, chunk_v;  ///< exact copy of the latest append
+    std::vector<std::int32_t> chunk_pos;  ///< ... and its positions
     std::vector<HeadStore> heads;       ///< [kv_head]
     std::int64_t sinks_held = 0, committed = 0, total = 0, chunk_tokens = 0;
   };
@@ -144,6 +145,7 @@ class SequenceStore {
   void reserve_append(int li, std::int64_t n, const Hook& hook) {
     Layer& L = layer(li);
     const std::size_t to_sinks = reserve_append_rows(L, n, row_floats(), SinkTokens);
+    reserve_geometric(L.chunk_pos, static_cast<std::size_t>(n));
     Codec::reserve_encode(shape_.head_dim);
     constexpr std::int64_t unit = Codec::commit_unit;
     const std::int64_t keep = std::max<std::int64_t>(ResidualTokens, hook.keep_exact(*this, li));
@@ -176,6 +178,7 @@ class SequenceStore {
     const std::size_t row = row_floats();
     L.chunk_k.assign(k.begin(), k.end());
     L.chunk_v.assign(v.begin(), v.end());
+    L.chunk_pos.assign(pos.begin(), pos.end());
     L.chunk_tokens = n;
     std::int64_t t = 0;
     for (; t < n && L.sinks_held < SinkTokens; ++t, ++L.sinks_held) {
@@ -285,6 +288,7 @@ class SequenceStore {
       for (HeadStore& H : L.heads) H.zero_blocks();
       for (auto* v : {&L.sink_k, &L.sink_v, &L.chunk_k, &L.chunk_v}) detail::wipe_vector(*v);
       detail::wipe_vector(L.sink_pos);
+      detail::wipe_vector(L.chunk_pos);
       L.pend.wipe();
     }
     layers_.clear();

@@ -20,6 +20,12 @@ struct ModelShape {
   int head_dim = 0;          ///< channels per head; a multiple of every per-token group size, even
   std::int64_t max_tokens = 0;  ///< capacity per layer, tokens (<= 2^31 - 1)
   float attn_scale = 0.f;    ///< softmax scale; 0 selects 1/sqrt(head_dim)
+  /// RoPE of the model, read only by PreRope<> caches (kernels/rope.hpp): base (theta, > 0,
+  /// llama.cpp's rope_freq_base), rotated channels (even, <= head_dim; 0 = head_dim), and the
+  /// pairing: NeoX (i, i + dims / 2) when rope_neox, else adjacent (2i, 2i + 1).
+  float rope_base = 10000.f;
+  int rope_dims = 0;
+  bool rope_neox = false;
 };
 
 /// What one (layer, kv_head) holds, decoded: K and V as attention reads them ([n][head_dim]
@@ -52,6 +58,17 @@ struct HeadContents {
                std::to_string(value_group));
   if (shape.max_tokens > std::numeric_limits<std::int32_t>::max()) return bad("max_tokens exceeds 2^31 - 1");
   if (!(shape.attn_scale >= 0.f) || std::isinf(shape.attn_scale)) return bad("attn_scale must be finite and >= 0");
+  return {};
+}
+
+/// Checks the RoPE fields of `shape` for a PreRope<> cache. Errc::invalid_argument (prefixed
+/// "KVCache::create: "): rope_base not finite and > 0, rope_dims odd, negative or above head_dim.
+[[nodiscard]] inline Status validate_rope(const ModelShape& shape) {
+  if (!(shape.rope_base > 0.f) || std::isinf(shape.rope_base))
+    return fail(Errc::invalid_argument, "KVCache::create: PreRope<>: rope_base must be finite and > 0");
+  if (shape.rope_dims < 0 || shape.rope_dims % 2 != 0 || shape.rope_dims > shape.head_dim)
+    return fail(Errc::invalid_argument, "KVCache::create: PreRope<>: rope_dims (" + std::to_string(shape.rope_dims) +
+                                            ") must be even and in [0, head_dim]; 0 rotates every channel");
   return {};
 }
 

@@ -59,7 +59,7 @@ class BasicPagedCache {
   static constexpr double key_bits_per_value = single::key_bits_per_value;
   static constexpr double value_bits_per_value = single::value_bits_per_value;
   static_assert(!single::evicts, "kvpack::BasicPagedCache<...>: evicting policies use EvictingPagedCache (name PagedCache<...>)");
-  static_assert(!single::offloads, "kvpack::PagedCache<...>: Offload<> is not supported on the page pool yet");
+  static_assert(!single::offloads && !single::pre_rope, "kvpack::PagedCache<...>: Offload<> and PreRope<> are not supported on the page pool yet");
   static_assert(!codec_hook::interval_blocks,
                 "kvpack::PagedCache<...>: Keyframe<...> codecs are not supported on the page pool yet");
 

@@ -65,7 +65,7 @@ class EvictingPagedCache {
                 "kvpack::PagedCache<...>: BlockSparse is not supported on the page pool (its block masks and "
                 "compaction assume private blocks); use SinkWindow, H2O, SnapKV or TOVA, or KVCache<...>");
   static_assert(!single::demotes, "kvpack::PagedCache<...>: Demote<> is not supported on the page pool yet");
-  static_assert(!single::offloads, "kvpack::PagedCache<...>: Offload<> is not supported on the page pool yet");
+  static_assert(!single::offloads && !single::pre_rope, "kvpack::PagedCache<...>: Offload<> and PreRope<> are not supported on the page pool yet");
   static_assert(!codec_hook::interval_blocks && commit_unit == 1,
                 "kvpack::PagedCache<...>: Keyframe<...> codecs are not supported on the page pool yet");
   /// One sequence's storage (pool/evicting_store.hpp).

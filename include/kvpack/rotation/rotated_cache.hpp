@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvpack/cache/rope_state.hpp"
 #include "kvpack/cache/shape.hpp"
 #include "kvpack/result.hpp"
 #include "kvpack/rotation/hadamard.hpp"
@@ -51,6 +52,8 @@ inline constexpr bool is_rotate_v<Rotate<R, V>> = true;
 template <class Cache, class Rot = Rotate<>>
 class Rotated {
   static_assert(detail::is_rotate_v<Rot>, "kvpack::Rotated<Cache, Rot>: Rot must be kvpack::Rotate<R, RotateValues>");
+  static_assert(!takes_pre_rope_v<Cache>, "kvpack::Rotated<Cache, Rot>: a PreRope<> cache rotates keys by RoPE after "
+                                          "this rotation, and the two do not commute; use a post-RoPE cache");
 
  public:
   using inner_type = Cache;

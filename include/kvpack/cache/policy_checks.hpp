@@ -1,0 +1,41 @@
+// The policy combinations KVCache<Policy...> refuses, as static_asserts with readable messages
+// (tests/compile_fail/ checks each message). PagedCache runs them too, through its KVCache type.
+#pragma once
+
+namespace kvpack::cache_detail {
+
+/// Fails to compile, naming the conflict, when the resolved policies of a KVCache cannot work
+/// together; returns true otherwise. SnapKVLike: the eviction hook scores saved queries itself.
+template <bool Offloads, bool Evicts, bool Demotes, bool KeysPerChannel, int CommitUnit, int CodecBlockTokens,
+          int EvictBlockTokens, int BlockTokens, int KeyGroup, bool PreRope, bool Keyframe, bool SnapKVLike>
+consteval bool check_policies() {
+  static_assert(!Offloads || !Evicts,
+                "kvpack::KVCache<...>: Offload<> moves full, immutable blocks; it cannot be combined with an "
+                "eviction policy, which rewrites blocks in place");
+  static_assert(!Demotes || Evicts,
+                "kvpack::KVCache<...>: Demote<> re-codes the tokens an eviction policy drops; add an eviction policy "
+                "(SinkWindow, H2O, SnapKV, BlockSparse, TOVA or their Budget/Protocol forms) or drop Demote<>");
+  static_assert(!Evicts || !KeysPerChannel,
+                "kvpack::KVCache<...>: token-level eviction (SinkWindow, H2O, SnapKV) needs per-token keys; "
+                "per-channel key groups cannot lose single tokens");
+  static_assert(!Evicts || CommitUnit == 1,
+                "kvpack::KVCache<...>: eviction policies cannot remove single tokens from a Keyframe<...> interval");
+  static_assert(!CodecBlockTokens || BlockTokens == CodecBlockTokens,
+                "kvpack::KVCache<...>: with a Keyframe<Interval, ...> codec, a block holds exactly one interval: "
+                "Blocks<B> must equal Interval (and K and V keyframe intervals must match)");
+  static_assert(!EvictBlockTokens || BlockTokens == EvictBlockTokens,
+                "kvpack::KVCache<...>: BlockSparse<Budget, B> sets the storage block size; a Blocks<> policy with "
+                "another size contradicts it (drop Blocks<> or make it Blocks<B>)");
+  static_assert(!KeysPerChannel || BlockTokens % KeyGroup == 0,
+                "kvpack::KVCache<...>: with Keys<Codec, PerChannel>, Blocks<B> must be a multiple of the key group "
+                "size (a block holds whole groups of tokens)");
+  static_assert(!PreRope || (!Offloads && !Demotes && !Keyframe),
+                "kvpack::KVCache<...>: PreRope<> runs in the scalar/AVX2/NEON tile kernels only: not with "
+                "Offload<>, Demote<> or Keyframe<...> codecs");
+  static_assert(!PreRope || !SnapKVLike,
+                "kvpack::KVCache<...>: PreRope<> with SnapKV: SnapKV scores its saved queries against stored keys "
+                "outside the kernels, which would compare them unrotated; use H2O, SinkWindow, TOVA or BlockSparse");
+  return true;
+}
+
+}  // namespace kvpack::cache_detail

@@ -1,0 +1,108 @@
+// The RoPE half of a PreRope<> cache (policy.hpp): what KVCache adds so that its kernels rotate
+// pre-RoPE queries and keys (kernels/rope.hpp). It owns the cos/sin table, grows it before an
+// append changes anything, and fills each KV head's kernel arguments with positions: the stored
+// ones (original positions: sinks, pending rows, the latest chunk, block payloads) or ranks among
+// the held tokens (cache-relative). PostRope caches get RopeState<PostRope>, whose calls are no-ops.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvpack/cache/shape.hpp"
+#include "kvpack/kernels/rope.hpp"
+#include "kvpack/policy.hpp"
+
+namespace kvpack {
+
+/// Whether cache type C takes keys and queries before RoPE (a KVCache with PreRope<>).
+template <class C>
+inline constexpr bool takes_pre_rope_v = [] {
+  if constexpr (requires { C::pre_rope; }) return static_cast<bool>(C::pre_rope);
+  else return false;
+}();
+
+/// No RoPE in the cache (PostRope): every call does nothing.
+template <class RopeP>
+class RopeState {
+ public:
+  void init(const ModelShape&) {}
+  void reserve(std::span<const std::int32_t>, std::int64_t) {}
+  template <class Layer>
+  void decorate(kernels::AttendArgs&, kernels::HeadSegments&, std::vector<kernels::BlockRef>&, const Layer&, int,
+                const std::vector<std::int32_t>*, int) {}
+  [[nodiscard]] std::size_t bytes() const noexcept { return 0; }
+  void reset() noexcept {}
+};
+
+/// PreRope<Positions>: the table and per-head kernel arguments (see the file comment).
+template <class Positions>
+class RopeState<PreRope<Positions>> {
+ public:
+  static constexpr bool relative = PreRope<Positions>::cache_relative;
+
+  void init(const ModelShape& shape) {
+    const int dims = shape.rope_dims > 0 ? shape.rope_dims : shape.head_dim;
+    table_ = kernels::RopeTable(static_cast<double>(shape.rope_base), dims / 2);
+    proto_.pairs = dims / 2;
+    proto_.neox = shape.rope_neox;
+    proto_.relative = relative;
+    heads_.resize(static_cast<std::size_t>(shape.kv_heads));
+  }
+
+  /// Before an append of `positions` to a layer that holds at most `held_after` tokens after it:
+  /// the table covers every position a kernel can ask for (ranks < held tokens, so a sliding
+  /// window's table stays at its budget however long the stream; original positions up to the
+  /// largest appended). May throw std::bad_alloc (the append has changed nothing yet).
+  void reserve(std::span<const std::int32_t> positions, std::int64_t held_after) {
+    std::int64_t need = held_after;
+    if constexpr (!relative)
+      for (const std::int32_t p : positions) need = std::max<std::int64_t>(need, std::int64_t{p} + 1);
+    table_.ensure(need);
+  }
+
+  /// Points `a` at KV head h's RoPE arguments for the n_q newest queries of layer L, and gives
+  /// seg its positions (original) or ranks (cache-relative; slot_token: the head's cache index per
+  /// slot when slots are reused, else nullptr; B the block tokens). seg.blocks must be `refs`.
+  template <class Layer>
+  void decorate(kernels::AttendArgs& a, kernels::HeadSegments& seg, std::vector<kernels::BlockRef>& refs, const Layer& L,
+                int h, const std::vector<std::int32_t>* slot_token, int B) {
+    Head& hd = heads_[static_cast<std::size_t>(h)];
+    hd.args = proto_;
+    hd.args.table = table_.data();
+    hd.args.positions = table_.size();
+    if constexpr (relative) {
+      hd.args.q_rank = kernels::assign_rope_ranks(seg, refs, B, slot_token, hd.slot_rank, hd.order) - a.n_q;
+    } else {
+      (void)refs, (void)slot_token, (void)B;
+      const std::int32_t* chunk = L.chunk_pos.data();
+      seg.sinks.pos = L.sink_pos.empty() ? nullptr : L.sink_pos.data();
+      seg.pending.pos = L.pend.positions();
+      seg.chunk.pos = chunk + (seg.chunk.first - (L.total - L.chunk_tokens));  // the chunk's non-sink rows
+      hd.args.q_pos = chunk + (L.chunk_tokens - a.n_q);
+    }
+    a.rope = &hd.args;
+  }
+
+  /// Bytes of the cos/sin table and the rank scratch (not KV data: KVCache::allocated_bytes).
+  [[nodiscard]] std::size_t bytes() const noexcept {
+    std::size_t b = table_.bytes();
+    for (const Head& h : heads_) b += h.slot_rank.capacity() * sizeof(std::int32_t) + h.order.capacity() * 8;
+    return b;
+  }
+  void reset() noexcept {}
+
+ private:
+  struct Head {
+    kernels::RopeArgs args;
+    std::vector<std::int32_t> slot_rank;  // cache-relative, reused slots: rank of each slot
+    std::vector<std::int64_t> order;      // ... and the sort buffer
+  };
+  kernels::RopeTable table_;
+  kernels::RopeArgs proto_;
+  std::vector<Head> heads_;
+};
+
+}  // namespace kvpack

@@ -1,0 +1,266 @@
+// PreRope<> caches (policy.hpp, kernels/rope.hpp): keys and queries arrive before RoPE and the
+// kernels rotate them at the stored positions (OriginalPositions) or at each held token's rank
+// (CacheRelative). Every attend is checked against a float64 reference that rotates the cache's
+// own dequantized pre-RoPE keys (read_back) and the queries in double precision, then attends
+// causally: odd chunk sizes (1, 31, 33, 95), GQA, both pairings, partial rotary dims, sinks and
+// residual windows, per-channel keys, eviction (positions kept after eviction, ranks renumbered),
+// split-K over two threads, and the scalar and SIMD kernels.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "kvpack/executor.hpp"
+#include "kvpack/kvpack.hpp"
+#include "support/reference.hpp"
+
+namespace {
+
+using namespace kvpack;  // NOLINT: test file
+
+/// Rotates x[0, D) in double to position pos with the shape's RoPE (kernels/rope.hpp convention).
+void prerope_rotate64(double* x, const ModelShape& s, double pos) {
+  const int dims = s.rope_dims > 0 ? s.rope_dims : s.head_dim, pairs = dims / 2;
+  for (int i = 0; i < pairs; ++i) {
+    const double ang = pos * std::pow(static_cast<double>(s.rope_base), -2.0 * i / dims);
+    const int a = s.rope_neox ? i : 2 * i, b = s.rope_neox ? i + pairs : 2 * i + 1;
+    const double xa = x[a], xb = x[b];
+    x[a] = xa * std::cos(ang) - xb * std::sin(ang);
+    x[b] = xa * std::sin(ang) + xb * std::cos(ang);
+  }
+}
+
+/// Drives a PreRope cache beside the float64 reference.
+template <class Cache>
+class RopeHarness {
+ public:
+  explicit RopeHarness(const ModelShape& s) : s_(s), cache_(std::move(Cache::create(s)).value()) {}
+  Cache& cache() { return cache_; }
+  [[nodiscard]] size_t row() const { return static_cast<size_t>(s_.kv_heads) * s_.head_dim; }
+  [[nodiscard]] size_t qrow() const { return static_cast<size_t>(s_.q_heads) * s_.head_dim; }
+
+  /// Appends n random tokens at positions pos (remembering the exact rows by cache index).
+  void append(int layer, const std::vector<int32_t>& pos, uint32_t seed) {
+    const size_t n = pos.size();
+    const auto k = kvtest::normal(n * row(), seed), v = kvtest::normal(n * row(), seed + 7777);
+    ASSERT_TRUE(cache_.append(layer, k, v, pos));
+    for (size_t t = 0; t < n; ++t) {
+      exact_k_[total_ + static_cast<int64_t>(t)].assign(k.begin() + t * row(), k.begin() + (t + 1) * row());
+      exact_v_[total_ + static_cast<int64_t>(t)].assign(v.begin() + t * row(), v.begin() + (t + 1) * row());
+    }
+    last_pos_ = pos;
+    chunk_first_ = total_;
+    total_ += static_cast<int64_t>(n);
+  }
+
+  /// Attends the newest n_q tokens; returns the max relative error against the reference.
+  double attend_error(int layer, int n_q, uint32_t seed) {
+    const auto q = kvtest::normal(static_cast<size_t>(n_q) * qrow(), seed);
+    std::vector<float> out(q.size());
+    const auto st = cache_.attend(layer, q, out);
+    EXPECT_TRUE(st) << (st ? "" : st.error().message);
+    const int D = s_.head_dim, G = s_.q_heads / s_.kv_heads;
+    std::vector<double> ref(out.size());
+    for (int h = 0; h < s_.kv_heads; ++h) {
+      auto c = cache_.read_back(layer, h);
+      EXPECT_TRUE(c);
+      const size_t n = c->indices.size();
+      std::vector<double> K(n * D), V(n * D);
+      for (size_t r = 0; r < n; ++r) {
+        const int64_t idx = c->indices[r];
+        const bool exact = idx >= chunk_first_;  // the latest chunk is read exactly
+        for (int d = 0; d < D; ++d) {
+          K[r * D + d] = exact ? exact_k_[idx][static_cast<size_t>(h * D + d)] : c->k[r * D + static_cast<size_t>(d)];
+          V[r * D + d] = exact ? exact_v_[idx][static_cast<size_t>(h * D + d)] : c->v[r * D + static_cast<size_t>(d)];
+        }
+        prerope_rotate64(K.data() + r * D, s_, Cache::rope_cache_relative ? static_cast<double>(r) : c->positions[r]);
+      }
+      for (int i = 0; i < n_q; ++i) {
+        const int64_t q_index = total_ - n_q + i;
+        const double q_pos = Cache::rope_cache_relative ? static_cast<double>(n) - n_q + i
+                                                        : last_pos_[last_pos_.size() - static_cast<size_t>(n_q - i)];
+        for (int j = 0; j < G; ++j) {
+          const size_t at = (static_cast<size_t>(i) * s_.q_heads + static_cast<size_t>(h * G + j)) * D;
+          std::vector<double> qd(q.begin() + static_cast<std::ptrdiff_t>(at), q.begin() + static_cast<std::ptrdiff_t>(at + D));
+          prerope_rotate64(qd.data(), s_, q_pos);
+          std::vector<double> sc;
+          double mx = -INFINITY;
+          for (size_t r = 0; r < n; ++r) {
+            double dot = -INFINITY;
+            if (c->indices[r] <= q_index) {
+              dot = 0;
+              for (int d = 0; d < D; ++d) dot += qd[static_cast<size_t>(d)] * K[r * D + d];
+              dot /= std::sqrt(static_cast<double>(D));
+            }
+            sc.push_back(dot);
+            mx = std::max(mx, dot);
+          }
+          double l = 0;
+          for (double& x : sc) l += (x = std::exp(x - mx));
+          for (int d = 0; d < D; ++d) {
+            double o = 0;
+            for (size_t r = 0; r < n; ++r) o += sc[r] * V[r * D + d];
+            ref[at + static_cast<size_t>(d)] = o / l;
+          }
+        }
+      }
+    }
+    return kvtest::max_rel_error(out, ref, D);
+  }
+
+ private:
+  ModelShape s_;
+  Cache cache_;
+  std::map<int64_t, std::vector<float>> exact_k_, exact_v_;
+  std::vector<int32_t> last_pos_;
+  int64_t chunk_first_ = 0, total_ = 0;
+};
+
+/// Positions 5 + 3t for tokens [first, first + n): not the cache indices, so a kernel that used
+/// the index instead of the stored position fails.
+std::vector<int32_t> prerope_spaced(int64_t first, int64_t n) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) p[static_cast<size_t>(t)] = static_cast<int32_t>(5 + 3 * (first + t));
+  return p;
+}
+
+template <class Cache>
+class PreRopeVsRef64 : public ::testing::Test {};
+
+using I4 = Int4<Group<32>>;
+using Caches = ::testing::Types<
+    KVCache<PreRope<>>, KVCache<Keys<Int8<>>, Values<Int8<>>, PreRope<>>,
+    KVCache<Keys<I4>, Values<I4>, PreRope<>>, KVCache<Keys<I4>, Values<I4>, PreRope<>, Backend<Scalar>>,
+    KVCache<Keys<I4>, Values<I4>, PreRope<CacheRelative>>, KVCache<Keys<Fp8E4M3<>>, Values<Int4<>>, PreRope<>>,
+    KVCache<Keys<I4, PerChannel>, Values<I4>, Residual<16>, PreRope<>>,
+    KVCache<Keys<I4, PerChannel>, Values<I4>, Residual<16>, PreRope<>, Backend<Scalar>>,
+    KVCache<Keys<Int8<>>, Values<Int4<>>, Sinks<3>, Residual<5>, Blocks<16>, PreRope<CacheRelative>>,
+    KVCache<Keys<I4>, Values<I4>, SinkWindow<4, 60>, PreRope<CacheRelative>>,
+    KVCache<Keys<I4>, Values<I4>, SinkWindow<4, 60>, PreRope<CacheRelative>, Backend<Scalar>>,
+    KVCache<Keys<I4>, Values<I4>, SinkWindow<4, 60>, PreRope<>>,
+    KVCache<Keys<Int8<>>, Values<Int8<>>, H2O<32, 28, 4>, PreRope<CacheRelative>>,
+    KVCache<Keys<Int8<>>, Values<Int8<>>, H2O<32, 28, 4>, PreRope<>>>;
+TYPED_TEST_SUITE(PreRopeVsRef64, Caches);
+
+// Odd prefill chunks, then decode past every eviction budget; both pairings, full and partial
+// rotary dims; every attend checked.
+TYPED_TEST(PreRopeVsRef64, OddChunksThenDecode) {
+  for (const bool neox : {false, true})
+    for (const int dims : {0, 32}) {
+      ModelShape s{.layers = 2, .q_heads = 6, .kv_heads = 2, .head_dim = 64, .max_tokens = 4096};
+      s.rope_base = 10000.f, s.rope_dims = dims, s.rope_neox = neox;
+      RopeHarness<TypeParam> h(s);
+      uint32_t seed = 11;
+      int64_t total = 0;
+      for (const int n : {1, 31, 33, 95, 1, 1, 1}) {
+        h.append(1, prerope_spaced(total, n), seed++);
+        total += n;
+        EXPECT_LE(h.attend_error(1, std::min(n, 7), seed++), 1e-5) << "neox " << neox << " dims " << dims << " tokens " << total;
+      }
+    }
+}
+
+// Split-K over two threads runs the same rotations (ranks and positions per chunk of blocks).
+TYPED_TEST(PreRopeVsRef64, SplitKOverTwoThreads) {
+  ModelShape s{.layers = 1, .q_heads = 9, .kv_heads = 3, .head_dim = 64, .max_tokens = 4096};
+  s.rope_base = 100000.f;
+  RopeHarness<TypeParam> h(s);
+  h.cache().set_executor(thread_executor(2), 2);
+  h.append(0, prerope_spaced(0, 300), 3);
+  for (int t = 0; t < 3; ++t) {
+    h.append(0, prerope_spaced(300 + t, 1), 40 + static_cast<uint32_t>(t));
+    EXPECT_LE(h.attend_error(0, 1, 90 + static_cast<uint32_t>(t)), 1e-5) << "step " << t;
+  }
+}
+
+// PreRope with original positions is the post-RoPE cache with the rotation moved inside: an fp32
+// cache fed keys and queries rotated outside (in float, as a model runner does) gives the same output.
+TEST(PreRope, Fp32EqualsPostRopeCache) {
+  ModelShape s{.layers = 1, .q_heads = 4, .kv_heads = 2, .head_dim = 64, .max_tokens = 512};
+  s.rope_base = 100000.f;
+  auto pre = KVCache<PreRope<>>::create(s);
+  auto post = KVCache<>::create(s);
+  ASSERT_TRUE(pre && post);
+  const auto pos = prerope_spaced(0, 95);
+  auto k = kvtest::normal(95 * 128, 1), v = kvtest::normal(95 * 128, 2), q = kvtest::normal(4 * 64, 3);
+  ASSERT_TRUE(pre->append(0, k, v, pos));
+  auto rot = [&](std::vector<float>& x, size_t rows_per_token, const int32_t* p, size_t n) {
+    for (size_t t = 0; t < n; ++t)
+      for (size_t r = 0; r < rows_per_token; ++r) {
+        std::vector<double> d(x.begin() + static_cast<std::ptrdiff_t>((t * rows_per_token + r) * 64),
+                              x.begin() + static_cast<std::ptrdiff_t>((t * rows_per_token + r + 1) * 64));
+        prerope_rotate64(d.data(), s, p[t]);
+        std::copy(d.begin(), d.end(), x.begin() + static_cast<std::ptrdiff_t>((t * rows_per_token + r) * 64));
+      }
+  };
+  std::vector<float> out_pre(q.size()), out_post(q.size());
+  ASSERT_TRUE(pre->attend(0, q, out_pre));
+  rot(k, 2, pos.data(), 95);
+  rot(q, 4, pos.data() + 94, 1);
+  ASSERT_TRUE(post->append(0, k, v, pos));
+  ASSERT_TRUE(post->attend(0, q, out_post));
+  for (size_t i = 0; i < q.size(); ++i) EXPECT_NEAR(out_pre[i], out_post[i], 2e-5f * (1.f + std::abs(out_post[i])));
+}
+
+// Cache-relative positions renumber the survivors of eviction: after a sink window slides, the
+// held tokens sit at ranks 0..63 whatever their original positions, so appending the same keys
+// at positions 2t or 3t changes nothing; with original positions (distances differ) it does.
+TEST(PreRope, CacheRelativeIgnoresAbsolutePositions) {
+  ModelShape s{.layers = 1, .q_heads = 2, .kv_heads = 1, .head_dim = 64, .max_tokens = 64};
+  using Rel = KVCache<Keys<Int8<>>, Values<Int8<>>, SinkWindow<4, 60>, PreRope<CacheRelative>>;
+  using Abs = KVCache<Keys<Int8<>>, Values<Int8<>>, SinkWindow<4, 60>, PreRope<>>;
+  auto run = [&](auto tag, int32_t stride) {
+    auto c = decltype(tag)::type::create(s);
+    EXPECT_TRUE(c);
+    for (int t = 0; t < 150; ++t)
+      EXPECT_TRUE(c->append(0, kvtest::normal(64, 100 + static_cast<uint32_t>(t)), kvtest::normal(64, 900 + static_cast<uint32_t>(t)),
+                            std::vector<int32_t>{stride * t}));
+    std::vector<float> out(128);
+    EXPECT_TRUE(c->attend(0, kvtest::normal(128, 5), out));
+    return out;
+  };
+  auto diff = [](const std::vector<float>& a, const std::vector<float>& b) {
+    float m = 0;
+    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+    return m;
+  };
+  EXPECT_LE(diff(run(std::type_identity<Rel>{}, 2), run(std::type_identity<Rel>{}, 3)), 1e-6f);
+  EXPECT_GT(diff(run(std::type_identity<Abs>{}, 2), run(std::type_identity<Abs>{}, 3)), 1e-3f);
+}
+
+// Bad RoPE fields are refused at create; the table grows with the largest position appended.
+TEST(PreRope, CreateChecksAndTableGrowth) {
+  ModelShape s{.layers = 1, .q_heads = 2, .kv_heads = 1, .head_dim = 64, .max_tokens = 64};
+  for (const float base : {0.f, -1.f, INFINITY, NAN}) {
+    ModelShape b = s;
+    b.rope_base = base;
+    EXPECT_FALSE(KVCache<PreRope<>>::create(b)) << base;
+  }
+  for (const int dims : {-2, 3, 66}) {
+    ModelShape b = s;
+    b.rope_dims = dims;
+    auto c = KVCache<PreRope<>>::create(b);
+    ASSERT_FALSE(c) << dims;
+    EXPECT_EQ(c.error().code, Errc::invalid_argument);
+  }
+  auto c = KVCache<PreRope<>>::create(s);
+  ASSERT_TRUE(c);
+  const size_t before = c->allocated_bytes();
+  ASSERT_TRUE(c->append(0, kvtest::normal(64, 1), kvtest::normal(64, 2), std::vector<int32_t>{100000}));
+  EXPECT_GE(c->allocated_bytes() - before, size_t{100001} * 64 * sizeof(float));  // 32 (cos, sin) pairs per position
+
+  // Cache-relative: ranks stay below the budget, so a sliding window's table stops growing.
+  auto w = KVCache<SinkWindow<4, 60>, PreRope<CacheRelative>>::create(s);
+  ASSERT_TRUE(w);
+  size_t at_200 = 0;
+  for (int t = 0; t < 2000; ++t) {
+    ASSERT_TRUE(w->append(0, kvtest::normal(64, 3), kvtest::normal(64, 4), std::vector<int32_t>{t}));
+    if (t == 199) at_200 = w->allocated_bytes();
+  }
+  EXPECT_EQ(w->allocated_bytes(), at_200);
+  EXPECT_LT(at_200, size_t{1} << 20);
+}
+
+}  // namespace
