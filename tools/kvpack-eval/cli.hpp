@@ -22,6 +22,9 @@ inline void define_cli(CLI::App& app, Options& opt, CliArgs& args) {
   app.add_option("--text", opt.text, "Text file scored with llama-perplexity's protocol (without it: a generated passage)")
       ->check(CLI::ExistingFile);
   app.add_option("--ctx", opt.ctx, "Window length in tokens (second half scored)")->check(CLI::Range(int64_t{8}, int64_t{1} << 20));
+  app.add_flag("--beyond-trained-context", opt.beyond_context,
+               "Allow --ctx above the model's trained context (streaming studies: positions past it are out of "
+               "distribution for a full cache; PreRope<CacheRelative> eviction keeps them inside)");
   app.add_option("--windows", opt.windows, "Number of non-overlapping windows (fewer if the text is shorter)")
       ->check(CLI::PositiveNumber);
   app.add_option("--chunk", opt.chunk, "Tokens per forward pass; earlier chunks are read from the compressed cache (1 = pure decode)")

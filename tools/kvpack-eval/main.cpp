@@ -92,9 +92,9 @@ int run(int argc, char** argv) {
   std::vector<int32_t> gen_prompt;
   std::string source;
   if (!opt.text.empty()) {
-    if (opt.ctx > cfg.context)
+    if (opt.ctx > cfg.context && !opt.beyond_context)
       return die("--ctx " + std::to_string(opt.ctx) + " exceeds the model's trained context of " +
-                 std::to_string(cfg.context) + " tokens");
+                 std::to_string(cfg.context) + " tokens (--beyond-trained-context allows it)");
     const auto text = read_file(opt.text);
     if (!text) return die("cannot read text file '" + opt.text + "'");
     const auto ids = tok->encode(*text);

@@ -38,6 +38,7 @@ struct Window {
 struct Options {
   std::string model, text, filler, json, markdown, plot, dump_kv, dump_tokens;
   int64_t ctx = 512;
+  bool beyond_context = false;  ///< --beyond-trained-context: --ctx may exceed the trained context
   int windows = 4, chunk = 32, threads = 0, gen_tokens = 256, decode_tokens = 16;
   std::vector<std::string> policies;
   std::vector<int> dump_layers{0, 15, 29};

@@ -145,6 +145,10 @@ using Registry = PolicyList<
     Policy<"sink-window-25-rel", KVCache<SinkWindowBudget<Fraction<1, 4>>, PreRope<CacheRelative>>, false>,
     Policy<"h2o-50-rel", KVCache<H2OBudget<Fraction<1, 2>>, PreRope<CacheRelative>>, false>,
     Policy<"h2o-25-rel", KVCache<H2OBudget<Fraction<1, 4>>, PreRope<CacheRelative>>, false>,
+    // A 1024-token sliding window for streams past the trained context (--beyond-trained-context):
+    // with original positions the sinks drift out of the trained distances, with ranks they do not.
+    Policy<"sink-window-1k", KVCache<SinkWindow<4, 1020>>, false>,
+    Policy<"sink-window-1k-rel", KVCache<SinkWindow<4, 1020>, PreRope<CacheRelative>>, false>,
 #if defined(KVPACK_HAS_SODIUM)
     // int4-g32 with full blocks offloaded to an encrypted file tier under a resident budget
     // (--offload-budget, default 25 %), prefetching 2 layers ahead; logits must equal int4-g32's.
