@@ -22,7 +22,12 @@
 #include <vector>
 
 #include "kvpack/cache/block.hpp"
+#include "kvpack/config.hpp"
 #include "kvpack/kernels/attend_args.hpp"
+
+#if KVPACK_HAS_AVX2
+#include <immintrin.h>
+#endif
 
 namespace kvpack::kernels {
 
@@ -38,11 +43,23 @@ struct RopeArgs {
 };
 
 /// Rotates one head row x (>= 2 * pairs floats) to position `pos` (clamped into the table).
+/// Adjacent pairs run 4 at a time on AVX2 where the translation unit has it (every backend's
+/// kernel, the scalar one included, calls this: the rotation is not what a backend tests).
 inline void rope_row(float* x, const RopeArgs& r, std::int64_t pos) noexcept {
   pos = std::clamp<std::int64_t>(pos, 0, r.positions - 1);
   const float* cs = r.table + static_cast<std::size_t>(pos) * 2 * static_cast<std::size_t>(r.pairs);
   const int step = r.neox ? 1 : 2, partner = r.neox ? r.pairs : 1;
-  for (int i = 0; i < r.pairs; ++i) {
+  int i = 0;
+#if KVPACK_HAS_AVX2
+  if (!r.neox)
+    for (; i + 4 <= r.pairs; i += 4) {  // lanes (x_a, x_b) per pair: (x_a c - x_b s, x_b c + x_a s)
+      const __m256 v = _mm256_loadu_ps(x + 2 * i), t = _mm256_loadu_ps(cs + 2 * i);
+      const __m256 swapped = _mm256_permute_ps(v, 0xB1);
+      _mm256_storeu_ps(x + 2 * i, _mm256_addsub_ps(_mm256_mul_ps(v, _mm256_moveldup_ps(t)),
+                                                   _mm256_mul_ps(swapped, _mm256_movehdup_ps(t))));
+    }
+#endif
+  for (; i < r.pairs; ++i) {
     float* a = x + i * step;
     const float xa = a[0], xb = a[partner], c = cs[2 * i], s = cs[2 * i + 1];
     a[0] = xa * c - xb * s;
