@@ -251,6 +251,14 @@ TEST(PreRope, CreateChecksAndTableGrowth) {
   ASSERT_TRUE(c->append(0, kvtest::normal(64, 1), kvtest::normal(64, 2), std::vector<int32_t>{100000}));
   EXPECT_GE(c->allocated_bytes() - before, size_t{100001} * 64 * sizeof(float));  // 32 (cos, sin) pairs per position
 
+  // A position near 2^31 would need a table beyond physical memory: a clear error, nothing changed.
+  const size_t held = c->memory_bytes();
+  const auto far = c->append(0, kvtest::normal(64, 5), kvtest::normal(64, 6), std::vector<int32_t>{2147483000});
+  ASSERT_FALSE(far);
+  EXPECT_EQ(far.error().code, Errc::out_of_memory);
+  EXPECT_EQ(c->tokens(0), 1);
+  EXPECT_EQ(c->memory_bytes(), held);
+
   // Cache-relative: ranks stay below the budget, so a sliding window's table stops growing.
   auto w = KVCache<SinkWindow<4, 60>, PreRope<CacheRelative>>::create(s);
   ASSERT_TRUE(w);

@@ -8,9 +8,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <span>
 #include <vector>
 
+#include "kvpack/cache/alloc_guard.hpp"
 #include "kvpack/cache/shape.hpp"
 #include "kvpack/kernels/rope.hpp"
 #include "kvpack/policy.hpp"
@@ -55,11 +57,17 @@ class RopeState<PreRope<Positions>> {
   /// Before an append of `positions` to a layer that holds at most `held_after` tokens after it:
   /// the table covers every position a kernel can ask for (ranks < held tokens, so a sliding
   /// window's table stays at its budget however long the stream; original positions up to the
-  /// largest appended). May throw std::bad_alloc (the append has changed nothing yet).
+  /// largest appended). Throws std::bad_alloc (the append has changed nothing yet) when it cannot
+  /// grow, or when the table would exceed physical memory (a position near 2^31 asks for
+  /// hundreds of GB; refused before an overcommitting kernel grants it).
   void reserve(std::span<const std::int32_t> positions, std::int64_t held_after) {
     std::int64_t need = held_after;
     if constexpr (!relative)
       for (const std::int32_t p : positions) need = std::max<std::int64_t>(need, std::int64_t{p} + 1);
+    if (need > table_.size() &&
+        saturating_bytes(static_cast<std::uint64_t>(need), 2 * sizeof(float) * static_cast<std::uint64_t>(proto_.pairs)) >
+            physical_memory_bytes())
+      throw std::bad_alloc();
     table_.ensure(need);
   }
 
