@@ -160,39 +160,35 @@ inline std::int64_t assign_rope_ranks(HeadSegments& seg, std::vector<BlockRef>& 
 class RopeTable {
  public:
   RopeTable() = default;
-  RopeTable(double base, int pairs) : base_(base), pairs_(pairs) {}
+  /// theta_i = base^(-2i / (2 * pairs)): the same expression as a model runner's table
+  /// (tools/llama/model.hpp), so both agree bit for bit.
+  RopeTable(double base, int pairs) : pairs_(pairs), theta_(static_cast<std::size_t>(pairs)) {
+    for (int i = 0; i < pairs; ++i) theta_[static_cast<std::size_t>(i)] = std::pow(base, -2.0 * i / (2.0 * pairs));
+  }
 
   /// Makes rows [0, positions) available. May throw std::bad_alloc (the table is unchanged).
   void ensure(std::int64_t positions) {
     if (positions <= rows_) return;
     const std::int64_t rows = std::max(positions, 2 * rows_);
-    std::vector<float> t(static_cast<std::size_t>(rows) * 2 * static_cast<std::size_t>(pairs_));
-    std::copy(cs_.begin(), cs_.end(), t.begin());
+    const auto P = static_cast<std::size_t>(pairs_);
+    cs_.resize(static_cast<std::size_t>(rows) * 2 * P);
     for (std::int64_t p = rows_; p < rows; ++p)
-      for (int i = 0; i < pairs_; ++i) {
-        // The same expression as a model runner's table (tools/llama/model.hpp), so both agree.
-        const double ang = static_cast<double>(p) * std::pow(base_, -2.0 * i / (2.0 * pairs_));
-        const std::size_t at = (static_cast<std::size_t>(p) * static_cast<std::size_t>(pairs_) + static_cast<std::size_t>(i)) * 2;
-        t[at] = static_cast<float>(std::cos(ang));
-        t[at + 1] = static_cast<float>(std::sin(ang));
+      for (std::size_t i = 0; i < P; ++i) {
+        const double ang = static_cast<double>(p) * theta_[i];
+        cs_[(static_cast<std::size_t>(p) * P + i) * 2] = static_cast<float>(std::cos(ang));
+        cs_[(static_cast<std::size_t>(p) * P + i) * 2 + 1] = static_cast<float>(std::sin(ang));
       }
-    cs_.swap(t);
     rows_ = rows;
   }
   [[nodiscard]] std::int64_t size() const noexcept { return rows_; }
   [[nodiscard]] const float* data() const noexcept { return cs_.data(); }
   [[nodiscard]] std::size_t bytes() const noexcept { return cs_.capacity() * sizeof(float); }
-  /// Zeroes nothing (the table holds no token data) and frees the rows.
-  void clear() noexcept {
-    std::vector<float>().swap(cs_);
-    rows_ = 0;
-  }
 
  private:
-  double base_ = 10000.0;
   int pairs_ = 0;
   std::int64_t rows_ = 0;
-  std::vector<float> cs_;
+  std::vector<double> theta_;  // [pairs]
+  std::vector<float> cs_;      // [rows_][pairs][2]
 };
 
 }  // namespace kvpack::kernels

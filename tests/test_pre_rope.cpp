@@ -66,46 +66,36 @@ class RopeHarness {
     for (int h = 0; h < s_.kv_heads; ++h) {
       auto c = cache_.read_back(layer, h);
       EXPECT_TRUE(c);
+      // Rotated in double, then attended by the float64 reference over explicit cache indices.
       const size_t n = c->indices.size();
-      std::vector<double> K(n * D), V(n * D);
+      std::vector<float> K(n * D), V(n * D), Q(static_cast<size_t>(n_q) * G * D);
+      std::vector<double> row(static_cast<size_t>(D));
       for (size_t r = 0; r < n; ++r) {
         const int64_t idx = c->indices[r];
         const bool exact = idx >= chunk_first_;  // the latest chunk is read exactly
         for (int d = 0; d < D; ++d) {
-          K[r * D + d] = exact ? exact_k_[idx][static_cast<size_t>(h * D + d)] : c->k[r * D + static_cast<size_t>(d)];
+          row[static_cast<size_t>(d)] = exact ? exact_k_[idx][static_cast<size_t>(h * D + d)] : c->k[r * D + static_cast<size_t>(d)];
           V[r * D + d] = exact ? exact_v_[idx][static_cast<size_t>(h * D + d)] : c->v[r * D + static_cast<size_t>(d)];
         }
-        prerope_rotate64(K.data() + r * D, s_, Cache::rope_cache_relative ? static_cast<double>(r) : c->positions[r]);
+        prerope_rotate64(row.data(), s_, Cache::rope_cache_relative ? static_cast<double>(r) : c->positions[r]);
+        std::copy(row.begin(), row.end(), K.begin() + static_cast<std::ptrdiff_t>(r * D));
       }
       for (int i = 0; i < n_q; ++i) {
-        const int64_t q_index = total_ - n_q + i;
         const double q_pos = Cache::rope_cache_relative ? static_cast<double>(n) - n_q + i
                                                         : last_pos_[last_pos_.size() - static_cast<size_t>(n_q - i)];
         for (int j = 0; j < G; ++j) {
           const size_t at = (static_cast<size_t>(i) * s_.q_heads + static_cast<size_t>(h * G + j)) * D;
-          std::vector<double> qd(q.begin() + static_cast<std::ptrdiff_t>(at), q.begin() + static_cast<std::ptrdiff_t>(at + D));
-          prerope_rotate64(qd.data(), s_, q_pos);
-          std::vector<double> sc;
-          double mx = -INFINITY;
-          for (size_t r = 0; r < n; ++r) {
-            double dot = -INFINITY;
-            if (c->indices[r] <= q_index) {
-              dot = 0;
-              for (int d = 0; d < D; ++d) dot += qd[static_cast<size_t>(d)] * K[r * D + d];
-              dot /= std::sqrt(static_cast<double>(D));
-            }
-            sc.push_back(dot);
-            mx = std::max(mx, dot);
-          }
-          double l = 0;
-          for (double& x : sc) l += (x = std::exp(x - mx));
-          for (int d = 0; d < D; ++d) {
-            double o = 0;
-            for (size_t r = 0; r < n; ++r) o += sc[r] * V[r * D + d];
-            ref[at + static_cast<size_t>(d)] = o / l;
-          }
+          std::copy_n(q.begin() + static_cast<std::ptrdiff_t>(at), D, row.begin());
+          prerope_rotate64(row.data(), s_, q_pos);
+          std::copy(row.begin(), row.end(), Q.begin() + static_cast<std::ptrdiff_t>((static_cast<size_t>(i) * G + j) * D));
         }
       }
+      const auto o = kvtest::attention_ref64_indexed(K, V, c->indices, Q.data(), n_q, G, static_cast<int64_t>(G) * D, D,
+                                                     1.0 / std::sqrt(static_cast<double>(D)), total_ - n_q);
+      for (int i = 0; i < n_q; ++i)
+        for (int j = 0; j < G; ++j)
+          std::copy_n(o.begin() + static_cast<std::ptrdiff_t>((static_cast<size_t>(i) * G + j) * D), D,
+                      ref.begin() + static_cast<std::ptrdiff_t>((static_cast<size_t>(i) * s_.q_heads + h * G + j) * D));
     }
     return kvtest::max_rel_error(out, ref, D);
   }

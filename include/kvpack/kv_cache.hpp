@@ -65,9 +65,9 @@ namespace kvpack {
 /// they were chunked (CASES C12). Attention reads sinks and pending tokens exactly, quantized
 /// blocks through the fused kernel, and the tokens of the latest append exactly (CASES C5).
 ///
-/// Positions: the cache stores the positions the engine passes and never renumbers them; keys
-/// arrive post-RoPE, or pre-RoPE with PreRope<> (then attention rotates at the stored positions,
-/// or at each token's rank among the held ones with PreRope<CacheRelative>). Thread safety: none; use one cache per sequence, or external locking.
+/// Positions: stored as the engine passes them, never renumbered; keys arrive post-RoPE, or pre-RoPE
+/// with PreRope<> (attention rotates them at the stored positions, or at their rank among the held
+/// tokens with CacheRelative). Thread safety: none; one cache per sequence, or external locking.
 template <class... Policies>
 class KVCache {
   static_assert(((!std::is_void_v<detail::role_of_t<Policies>>) && ...),

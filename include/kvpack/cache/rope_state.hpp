@@ -36,7 +36,6 @@ class RopeState {
   void decorate(kernels::AttendArgs&, kernels::HeadSegments&, std::vector<kernels::BlockRef>&, const Layer&, int,
                 const std::vector<std::int32_t>*, int) {}
   [[nodiscard]] std::size_t bytes() const noexcept { return 0; }
-  void reset() noexcept {}
 };
 
 /// PreRope<Positions>: the table and per-head kernel arguments (see the file comment).
@@ -100,7 +99,6 @@ class RopeState<PreRope<Positions>> {
     for (const Head& h : heads_) b += h.slot_rank.capacity() * sizeof(std::int32_t) + h.order.capacity() * 8;
     return b;
   }
-  void reset() noexcept {}
 
  private:
   struct Head {
