@@ -220,6 +220,26 @@ TEST(PreRope, CacheRelativeIgnoresAbsolutePositions) {
   EXPECT_GT(diff(run(std::type_identity<Abs>{}, 2), run(std::type_identity<Abs>{}, 3)), 1e-3f);
 }
 
+// CASES C7 with pre-RoPE keys: 4 sinks and a window of 8, head_dim 64, theta 10000, tokens at
+// positions 0..20 one at a time. The held keys keep positions {0..3, 13..20} (original) and are
+// rotated there, or at ranks 0..11 (cache-relative); keys stay unrotated in the cache, so
+// renumbering every step cannot drift (each attend checked against the float64 reference).
+template <class Cache>
+void prerope_case_c7() {
+  ModelShape s{.layers = 1, .q_heads = 2, .kv_heads = 1, .head_dim = 64, .max_tokens = 12};
+  s.rope_base = 10000.f;
+  RopeHarness<Cache> h(s);
+  for (int t = 0; t <= 20; ++t) {
+    h.append(0, {t}, 300 + static_cast<uint32_t>(t));
+    EXPECT_LE(h.attend_error(0, 1, 700 + static_cast<uint32_t>(t)), 1e-5) << "token " << t;
+  }
+  auto c = h.cache().read_back(0, 0);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->positions, (std::vector<int32_t>{0, 1, 2, 3, 13, 14, 15, 16, 17, 18, 19, 20}));
+}
+TEST(PreRope, CaseC7OriginalPositions) { prerope_case_c7<KVCache<SinkWindow<4, 8>, PreRope<>>>(); }
+TEST(PreRope, CaseC7CacheRelative) { prerope_case_c7<KVCache<Keys<Int8<>>, Values<Int8<>>, SinkWindow<4, 8>, PreRope<CacheRelative>>>(); }
+
 // Bad RoPE fields are refused at create; the table grows with the largest position appended.
 TEST(PreRope, CreateChecksAndTableGrowth) {
   ModelShape s{.layers = 1, .q_heads = 2, .kv_heads = 1, .head_dim = 64, .max_tokens = 64};
