@@ -4,6 +4,7 @@
 // and odd token counts (1, 31, 33, 95), with outliers, constant groups and chunked appends.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -37,6 +38,14 @@ std::vector<float> simd_enc_rows(int tokens, int kv_heads, uint32_t seed) {
   for (size_t i = 0; i < x.size(); i += 37) x[i] *= 40.f;                                 // outliers
   for (size_t i = 0; i + 32 <= x.size(); i += 32 * 7) std::fill_n(x.begin() + i, 32, 0.75f);  // constant groups
   for (size_t i = 64; i + 32 <= x.size(); i += 32 * 11) std::fill_n(x.begin() + i, 32, 0.f);  // zero groups
+  // Groups whose minimum (or maximum) is a signed zero met as -0 before +0 or the reverse: the
+  // scalar scan keeps the first, so SIMD min/max must not pick the other one's sign bit.
+  for (size_t i = 96, k = 0; i + 32 <= x.size(); i += 32 * 13, ++k) {
+    const float sign = k % 2 ? -1.f : 1.f;  // all >= 0 (zero is the minimum) or all <= 0 (the maximum)
+    for (size_t j = 0; j < 32; ++j) x[i + j] = sign * std::fabs(x[i + j]);
+    x[i + 3 + k % 5] = k % 3 ? -0.f : 0.f;
+    x[i + 17] = k % 3 ? 0.f : -0.f;
+  }
   return x;
 }
 

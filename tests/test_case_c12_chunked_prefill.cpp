@@ -17,7 +17,8 @@ class CaseC12 : public ::testing::Test {};
 using Caches = ::testing::Types<KVCache<Keys<Int4<>>, Values<Int4<>>>, KVCache<Keys<Int8<>>, Values<Int8<Asymmetric>>>,
                                 KVCache<Keys<Fp8E4M3<>>, Values<Fp8E5M2<>>>, KVCache<Keys<Fp16>, Values<Fp16>>,
                                 KVCache<Keys<Int4<>, PerChannel>, Values<Int4<>>, Residual<32>, Sinks<4>>,
-                                KVCache<Keys<Int8<>, PerChannel>, Values<Int8<>>, Blocks<32>>>;
+                                KVCache<Keys<Int8<>, PerChannel>, Values<Int8<>>, Blocks<32>>,
+                                KVCache<Keys<Int4<>>, Values<Int8<>>, Sinks<4>, Blocks<16>>>;
 TYPED_TEST_SUITE(CaseC12, Caches);
 
 TYPED_TEST(CaseC12, ChunkedEqualsOneShot) {

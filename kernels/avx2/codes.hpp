@@ -18,6 +18,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -370,15 +371,50 @@ inline void encode_codes(const float* x, std::size_t n, GroupParams p, std::byte
   for (std::size_t k = 0; k < n % 8; ++k) C::store_code(codes, body + k, C::encode_value(x[body + k], p));
 }
 
+/// The first minimum and maximum of G contiguous finite values, bit-identical to
+/// kvpack::detail::group_range: min/max of 8 lanes at a time; their value is the scalar scan's
+/// except that among equal values the scan keeps the first, which only changes the bits for
+/// +0 / -0, so a range with a zero end is found again by the scan.
+template <int G>
+[[nodiscard]] inline kvpack::detail::GroupRange group_range(const float* x) noexcept {
+  if constexpr (G % 8 != 0) {
+    return kvpack::detail::group_range(x, 1, G);
+  } else {
+    __m256 lo = _mm256_loadu_ps(x), hi = lo;
+    for (int i = 8; i < G; i += 8) {
+      const __m256 v = _mm256_loadu_ps(x + i);
+      lo = _mm256_min_ps(lo, v);
+      hi = _mm256_max_ps(hi, v);
+    }
+    __m128 l = _mm_min_ps(_mm256_castps256_ps128(lo), _mm256_extractf128_ps(lo, 1));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(hi), _mm256_extractf128_ps(hi, 1));
+    l = _mm_min_ps(l, _mm_movehl_ps(l, l));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    l = _mm_min_ss(l, _mm_shuffle_ps(l, l, 1));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    const kvpack::detail::GroupRange r{_mm_cvtss_f32(l), _mm_cvtss_f32(h)};
+    if (r.min == 0.f || r.max == 0.f) return kvpack::detail::group_range(x, 1, G);
+    return r;
+  }
+}
+
 /// Encodes one per-token row of n values (as kvpack::encode_row<C>): metadata by the codec's
 /// derive and store_params, codes by encode_codes against the stored parameters.
 template <simd::IntCodecFamily C>
 inline void encode_row(const float* x, int n, std::byte* codes, std::byte* meta) noexcept {
   constexpr int G = C::group_size;
-  for (int g = 0; g < n / G; ++g) {
-    std::byte* m = meta + g * C::meta_bytes_per_group;
-    C::store_params(C::derive(x + g * G, 1, G), m);
-    encode_codes<C>(x + g * G, G, C::load_params(m), codes + C::code_bytes(static_cast<std::size_t>(g * G)));
+  // Three passes over the groups (ranges, metadata, codes) rather than one: each pass's groups
+  // are independent, so their latency chains (reductions, a double division, fp16 rounding,
+  // the code division) overlap instead of running one group after another.
+  constexpr int kMaxGroups = 64;
+  for (int g0 = 0; g0 < n / G; g0 += kMaxGroups) {
+    const int ng = std::min(kMaxGroups, n / G - g0);
+    kvpack::detail::GroupRange range[kMaxGroups];
+    for (int g = 0; g < ng; ++g) range[g] = group_range<G>(x + (g0 + g) * G);
+    for (int g = 0; g < ng; ++g) C::store_params(C::from_range(range[g]), meta + (g0 + g) * C::meta_bytes_per_group);
+    for (int g = g0; g < g0 + ng; ++g)
+      encode_codes<C>(x + g * G, G, C::load_params(meta + g * C::meta_bytes_per_group),
+                      codes + C::code_bytes(static_cast<std::size_t>(g * G)));
   }
 }
 

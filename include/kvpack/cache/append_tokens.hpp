@@ -33,11 +33,17 @@ template <bool Evicts, class St, class Hook, class Off>
     if (Status s = hook.before_append(st, ws, layer, n); !s) return s;
     st.commit(layer, hook);
   }
-  st.push(L, k, v, positions);
   if constexpr (Evicts) {
+    st.push(L, k, v, positions);
     for (int h = 0; h < st.shape().kv_heads; ++h) hook.enforce(st, layer, h, L.pend.size());
-  } else if (st.commit(layer, hook)) {  // hand blocks that became full (and old enough) to the offload store
-    for (int h = 0; h < st.shape().kv_heads; ++h) off.hand_over(layer, h, L.heads[static_cast<std::size_t>(h)].blocks);
+  } else {
+    // Tokens committed within this append skip the pending rows: encoded from the chunk copy.
+    const std::int64_t direct = st.direct_tokens(layer, n, hook);
+    st.push(L, k, v, positions, direct);
+    st.commit_direct(layer, direct);
+    const bool committed = st.commit(layer, hook) || direct > 0;
+    if (committed)  // hand blocks that became full (and old enough) to the offload store
+      for (int h = 0; h < st.shape().kv_heads; ++h) off.hand_over(layer, h, L.heads[static_cast<std::size_t>(h)].blocks);
   }
   return {};
 }

@@ -4,6 +4,8 @@
 // and positions.
 #pragma once
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -37,11 +39,30 @@ namespace kvpack::cache_detail {
   return {};
 }
 
+/// Whether every value of x is finite: a branch-free pass over the exponent bits (all ones for
+/// NaN and Inf) that compilers vectorize; an append checks its whole chunk with it at close to
+/// memory speed, and only a failing chunk is searched again for the first bad value.
+[[nodiscard]] inline bool all_finite(std::span<const float> x) noexcept {
+  // |x| as bits is at least 0x7F800000 exactly for NaN and Inf. Fixed 16-value steps: GCC's -O2
+  // cost model vectorizes a loop only when its trip count needs no epilogue.
+  constexpr std::uint32_t magnitude = 0x7FFFFFFFu, first_non_finite = 0x7F800000u;
+  std::uint32_t top = 0;
+  std::size_t i = 0;
+  for (; i + 16 <= x.size(); i += 16) {
+    std::uint32_t step = 0;
+    for (std::size_t j = 0; j < 16; ++j) step = std::max(step, std::bit_cast<std::uint32_t>(x[i + j]) & magnitude);
+    top = std::max(top, step);
+  }
+  for (; i < x.size(); ++i) top = std::max(top, std::bit_cast<std::uint32_t>(x[i]) & magnitude);
+  return top < first_non_finite;
+}
+
 /// Errc::non_finite for the first NaN/Inf in `x` ([n][kv_heads][head_dim] K or V rows of an
 /// append, `what` = "K" or "V"), naming layer, KV head, token of the chunk, cache index
 /// (first_index + token) and channel; nothing appended. OK when every value is finite.
 [[nodiscard]] inline Status check_finite_rows(const ModelShape& shape, int layer, std::int64_t first_index,
                                               std::span<const float> x, const char* what) {
+  if (all_finite(x)) return {};
   const std::size_t D = static_cast<std::size_t>(shape.head_dim), row = static_cast<std::size_t>(shape.kv_heads) * D;
   for (std::size_t i = 0; i < x.size(); ++i)
     if (!std::isfinite(x[i]))

@@ -171,9 +171,29 @@ class SequenceStore {
     }
   }
 
-  /// Stores n appended tokens (k, v: [n][kv_heads][D]; pos: [n]): sinks first, then pending;
-  /// keeps an exact copy as the latest chunk.
-  void push(Layer& L, std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> pos) {
+  /// Of an n-token append to layer li, the tokens after those that fill the sinks that commit()
+  /// would quantize within the same append: while no pending rows wait (non-evicting stores,
+  /// which commit after the push), whole commit units beyond the residual window. push() leaves
+  /// them out of the pending rows and commit_direct() encodes them from the caller's rows, the
+  /// same codes without a copy into and out of the pending rows. 0 for evicting stores.
+  template <class Hook>
+  [[nodiscard]] std::int64_t direct_tokens(int li, std::int64_t n, const Hook& hook) const {
+    if constexpr (Evicts) {
+      return 0;
+    } else {
+      const Layer& L = layer(li);
+      if (!L.pend.empty()) return 0;
+      const std::int64_t after_sinks = n - std::min<std::int64_t>(n, SinkTokens - L.sinks_held);
+      const std::int64_t keep = std::max<std::int64_t>(ResidualTokens, hook.keep_exact(*this, li));
+      return std::max<std::int64_t>(0, (after_sinks - keep) / Codec::commit_unit * Codec::commit_unit);
+    }
+  }
+
+  /// Stores n appended tokens (k, v: [n][kv_heads][D]; pos: [n]): sinks first, then pending
+  /// (except the `direct` tokens after the sinks, which commit_direct encodes); keeps an exact
+  /// copy as the latest chunk.
+  void push(Layer& L, std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> pos,
+            std::int64_t direct = 0) {
     const auto n = static_cast<std::int64_t>(pos.size());
     const std::size_t row = row_floats();
     L.chunk_k.assign(k.begin(), k.end());
@@ -186,8 +206,22 @@ class SequenceStore {
       L.sink_v.insert(L.sink_v.end(), v.begin() + t * row, v.begin() + (t + 1) * row);
       L.sink_pos.push_back(pos[static_cast<std::size_t>(t)]);
     }
+    t += direct;
     if (t < n) L.pend.push(k.data() + t * row, v.data() + t * row, pos.data() + t, static_cast<std::size_t>(n - t));
     L.total += n;
+  }
+
+  /// Encodes the `direct` tokens that push() left out of the pending rows (direct_tokens() of
+  /// the same append, made right after that push): they follow the chunk's sink tokens and come
+  /// from the latest-chunk copy. Non-evicting stores only.
+  void commit_direct(int li, std::int64_t direct) {
+    static_assert(!Evicts, "SequenceStore::commit_direct: evicting stores commit through their hook");
+    Layer& L = layer(li);
+    if (direct <= 0) return;
+    const std::int64_t first = L.chunk_tokens - L.pend.size() - direct;  // chunk row of the first direct token
+    const auto stride = static_cast<std::ptrdiff_t>(row_floats());
+    encode_units(L, L.chunk_k.data() + first * stride, L.chunk_v.data() + first * stride,
+                 L.chunk_pos.data() + first, direct);
   }
 
   /// Quantizes the oldest pending tokens of layer li beyond max(residual, hook.keep_exact) into
@@ -198,36 +232,33 @@ class SequenceStore {
   bool commit(int li, Hook& hook) {
     Layer& L = layer(li);
     constexpr std::int64_t unit = Codec::commit_unit;
-    const int B = layout_.tokens;
     const std::int64_t pending = L.pend.size();
     const std::int64_t keep = std::max<std::int64_t>(ResidualTokens, hook.keep_exact(*this, li));
     const std::int64_t n_commit = (pending - keep) / unit * unit;
     if (n_commit <= 0) return false;
-    const auto stride = static_cast<std::ptrdiff_t>(row_floats());
-    const std::int64_t first_index = L.total - pending;
-    for (std::int64_t t0 = 0; t0 < n_commit; t0 += unit) {
-      for (int h = 0; h < shape_.kv_heads; ++h) {
-        HeadStore& H = L.heads[static_cast<std::size_t>(h)];
-        std::int64_t slot;
-        if constexpr (Evicts) {
-          slot = H.take_slot(layout_, proto_);
+    if constexpr (Evicts) {
+      const int B = layout_.tokens;
+      const auto stride = static_cast<std::ptrdiff_t>(row_floats());
+      const std::int64_t first_index = L.total - pending;
+      for (std::int64_t t0 = 0; t0 < n_commit; t0 += unit) {
+        for (int h = 0; h < shape_.kv_heads; ++h) {
+          HeadStore& H = L.heads[static_cast<std::size_t>(h)];
+          const std::int64_t slot = H.take_slot(layout_, proto_);
           H.fill_slot(slot, first_index + t0, L.pend.score(t0, h), B);
           hook.on_commit(*this, li, h, slot, first_index + t0);
-        } else {
-          slot = L.committed;
-          if (slot % B == 0) H.blocks.push_back(H.new_block(layout_, proto_));
+          Block& b = H.blocks[static_cast<std::size_t>(slot / B)];
+          const auto off = static_cast<std::size_t>(slot % B);
+          const std::ptrdiff_t at = t0 * stride + static_cast<std::ptrdiff_t>(h) * shape_.head_dim;
+          Codec::encode(layout_, b, off, L.pend.k() + at, L.pend.v() + at, stride, L.pend.positions() + t0);
+          if constexpr (Codec::interval_blocks) fit_payload(b, layout_.at(b.header.flags).bytes);  // its modes' size
+          if (off + static_cast<std::size_t>(unit) > b.header.count) b.header.count = static_cast<std::uint16_t>(off + unit);
+          ++b.header.version;
+          hook.enforce(*this, li, h, pending - (t0 + unit));
         }
-        Block& b = H.blocks[static_cast<std::size_t>(slot / B)];
-        const auto off = static_cast<std::size_t>(slot % B);
-        const std::ptrdiff_t at = t0 * stride + static_cast<std::ptrdiff_t>(h) * shape_.head_dim;
-        Codec::encode(layout_, b, off, L.pend.k() + at, L.pend.v() + at, stride, L.pend.positions() + t0);
-        if constexpr (Codec::interval_blocks) fit_payload(b, layout_.at(b.header.flags).bytes);  // its modes' size
-        if (!Evicts || off + static_cast<std::size_t>(unit) > b.header.count)
-          b.header.count = static_cast<std::uint16_t>(std::max<std::size_t>(b.header.count, off + static_cast<std::size_t>(unit)));
-        ++b.header.version;
-        if constexpr (Evicts) hook.enforce(*this, li, h, pending - (t0 + unit));
+        L.committed += unit;
       }
-      L.committed += unit;
+    } else {
+      encode_units(L, L.pend.k(), L.pend.v(), L.pend.positions(), n_commit);
     }
     L.pend.drop_front(n_commit);
     return true;
@@ -296,6 +327,30 @@ class SequenceStore {
   }
 
  private:
+  // Non-evicting commit: encodes n (whole commit units) rows k/v/pos ([n][kv_heads][D], row
+  // stride row_floats) into the next slots of every KV head, opening blocks as they fill
+  // (reserved by reserve_append).
+  void encode_units(Layer& L, const float* k, const float* v, const std::int32_t* pos, std::int64_t n) {
+    constexpr std::int64_t unit = Codec::commit_unit;
+    const int B = layout_.tokens;
+    const auto stride = static_cast<std::ptrdiff_t>(row_floats());
+    for (std::int64_t t0 = 0; t0 < n; t0 += unit) {
+      const std::int64_t slot = L.committed;
+      for (int h = 0; h < shape_.kv_heads; ++h) {
+        HeadStore& H = L.heads[static_cast<std::size_t>(h)];
+        if (slot % B == 0) H.blocks.push_back(H.new_block(layout_, proto_));
+        Block& b = H.blocks[static_cast<std::size_t>(slot / B)];
+        const auto off = static_cast<std::size_t>(slot % B);
+        const std::ptrdiff_t at = t0 * stride + static_cast<std::ptrdiff_t>(h) * shape_.head_dim;
+        Codec::encode(layout_, b, off, k + at, v + at, stride, pos + t0);
+        if constexpr (Codec::interval_blocks) fit_payload(b, layout_.at(b.header.flags).bytes);  // its modes' size
+        b.header.count = static_cast<std::uint16_t>(std::max<std::size_t>(b.header.count, off + static_cast<std::size_t>(unit)));
+        ++b.header.version;
+      }
+      L.committed += unit;
+    }
+  }
+
   ModelShape shape_;
   BlockLayout layout_;
   BlockHeader proto_;

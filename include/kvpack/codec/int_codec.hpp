@@ -61,7 +61,12 @@ struct IntCodec {
   /// Scale and zero-point of `count` values x[0], x[stride], ... (finite input), already rounded
   /// to the metadata precision.
   [[nodiscard]] KVPACK_HOST_DEVICE static GroupParams derive(const float* x, std::ptrdiff_t stride, int count) noexcept {
-    auto [lo, hi] = detail::group_range(x, stride, count);
+    return from_range(detail::group_range(x, stride, count));
+  }
+  /// The same from the group's range (its first minimum and maximum, as detail::group_range finds
+  /// them): SIMD encoders find the range themselves and derive through this.
+  [[nodiscard]] KVPACK_HOST_DEVICE static GroupParams from_range(detail::GroupRange r) noexcept {
+    float lo = r.min, hi = r.max;
     constexpr float lim = detail::meta_max<Meta>;
     lo = detail::clamp_f(lo, -lim, lim);
     hi = detail::clamp_f(hi, -lim, lim);
