@@ -17,16 +17,20 @@ using namespace kvpack;  // NOLINT: test file
 
 constexpr int kSimdEncD = 64;
 
-template <class K, class V>
+template <class K, class V, class KeyAxis = PerToken>
 struct SimdEncPair {
-  using best = KVCache<Keys<K>, Values<V>, Blocks<32>>;
-  using oracle = KVCache<Keys<K>, Values<V>, Blocks<32>, Backend<Scalar>>;
+  using best = KVCache<Keys<K, KeyAxis>, Values<V>, Blocks<32>>;
+  using oracle = KVCache<Keys<K, KeyAxis>, Values<V>, Blocks<32>, Backend<Scalar>>;
 };
 
 using SimdEncTypes = ::testing::Types<SimdEncPair<Int8<Group<32>>, Int8<Group<32>>>, SimdEncPair<Int4<Group<32>>, Int4<Group<32>>>,
                                       SimdEncPair<Int8<Group<32>>, Int4<Group<32>>>, SimdEncPair<Int4<Group<64>>, Int4<Group<64>>>,
                                       SimdEncPair<Int8<Group<32>, Asymmetric>, Int4<Group<32>, Symmetric>>, SimdEncPair<Fp8E4M3<Group<32>>, Fp16>,
-                                      SimdEncPair<Int3<Group<32>>, Int2<Group<32>>>, SimdEncPair<Int2<Group<32>, Symmetric>, Int3<Group<64>>>>;
+                                      SimdEncPair<Int3<Group<32>>, Int2<Group<32>>>, SimdEncPair<Int2<Group<32>, Symmetric>, Int3<Group<64>>>,
+                                      SimdEncPair<Int4<Group<32>>, Int4<Group<32>>, PerChannel>,
+                                      SimdEncPair<Int8<Group<32>, Asymmetric>, Int8<Group<32>>, PerChannel>,
+                                      SimdEncPair<Int2<Group<32>>, Int3<Group<32>, Symmetric>, PerChannel>,
+                                      SimdEncPair<Int3<Group<32>>, Int8<Group<32>, Symmetric>, PerChannel>>;
 
 template <class T>
 class CacheSimdEncode : public ::testing::Test {};
@@ -45,6 +49,22 @@ std::vector<float> simd_enc_rows(int tokens, int kv_heads, uint32_t seed) {
     for (size_t j = 0; j < 32; ++j) x[i + j] = sign * std::fabs(x[i + j]);
     x[i + 3 + k % 5] = k % 3 ? -0.f : 0.f;
     x[i + 17] = k % 3 ? 0.f : -0.f;
+  }
+  // The same down the channels (per-channel key groups run over 32 tokens): channel 5 (mod 16)
+  // non-negative and channel 9 non-positive, with -0 and +0 in either order; channel 12
+  // constant, channel 14 zero.
+  // Head 1 only (rows alternate heads), so head 0 keeps its constant and zero row groups.
+  const size_t rows = x.size() / kSimdEncD;
+  for (size_t t = 1; t < rows; t += 2) {
+    for (size_t c = 0; c < kSimdEncD; c += 16) {
+      float* r = x.data() + t * kSimdEncD + c;
+      r[5] = std::fabs(r[5]);
+      r[9] = -std::fabs(r[9]);
+      if (t / 2 % 7 == 3) r[5] = r[9] = t / 14 % 2 ? -0.f : 0.f;
+      if (t / 2 % 7 == 5) r[5] = r[9] = t / 14 % 2 ? 0.f : -0.f;
+      r[12] = 0.375f;
+      r[14] = 0.f;
+    }
   }
   return x;
 }
@@ -70,7 +90,8 @@ TYPED_TEST(CacheSimdEncode, BlockBytesEqualTheScalarOracle) {
       ASSERT_TRUE(best.append(0, ks, vs, ps));
       ASSERT_TRUE(oracle.append(0, ks, vs, ps));
     }
-    ASSERT_EQ(best.quantized_tokens(0), n);
+    ASSERT_EQ(best.quantized_tokens(0), oracle.quantized_tokens(0));
+    ASSERT_EQ(best.quantized_tokens(0), Best::keys_per_channel ? n / 32 * 32 : n);
     for (int h = 0; h < 2; ++h) {
       const auto a = best.blocks(0, h), b = oracle.blocks(0, h);
       ASSERT_EQ(a.size(), b.size());
@@ -82,5 +103,50 @@ TYPED_TEST(CacheSimdEncode, BlockBytesEqualTheScalarOracle) {
     }
   }
 }
+
+#if KVPACK_HAS_AVX2
+// Groups whose scale lands just above an fp16 value: amax / qmax (or (hi - zero) / qmax) rounds
+// to a float below the exact quotient, so the metadata's round-up must step one float ulp up
+// before rounding up to fp16 (meta.hpp f32_round_up); the vectorized metadata of the AVX2
+// encoders (derive4) must do the same. Rows and per-channel groups, against the scalar encoders.
+template <class C>
+void check_scale_edges() {
+  constexpr int G = C::group_size;
+  std::vector<float> x;
+  for (std::uint32_t h = 0x0800; h < 0x7000; h += 29) {  // fp16 values 2^-13 .. 2^13
+    const float target = C::qmax * fp16_to_float(static_cast<std::uint16_t>(h));
+    const float lo = C::asymmetric ? -1.f : -0.25f * target;
+    const float hi = C::asymmetric ? kvpack::detail::next_up(target + lo) : kvpack::detail::next_up(target);
+    for (int i = 0; i < G; ++i) x.push_back(i == 3 ? hi : i == 7 ? lo : 0.5f * lo + 0.001f * static_cast<float>(i));
+  }
+  const int groups = static_cast<int>(x.size()) / G;
+  const std::size_t code_bytes = C::code_bytes(static_cast<std::size_t>(G));
+  std::vector<std::byte> a(groups * (code_bytes + C::meta_bytes_per_group)), b(a.size());
+  for (int g = 0; g < groups; ++g) {  // rows of one group each
+    const std::size_t at = static_cast<std::size_t>(g) * (code_bytes + C::meta_bytes_per_group);
+    kernels::avx2::encode_row<C>(x.data() + g * G, G, a.data() + at, a.data() + at + code_bytes);
+    encode_row<C>(x.data() + g * G, G, b.data() + at, b.data() + at + code_bytes);
+  }
+  EXPECT_EQ(a, b) << "rows";
+  // The same values as per-channel groups: channel c of G tokens holds group c's values.
+  const int channels = groups - groups % 8;
+  std::vector<float> t(static_cast<std::size_t>(G) * channels);
+  for (int c = 0; c < channels; ++c)
+    for (int r = 0; r < G; ++r) t[r * channels + c] = x[c * G + r];
+  const std::size_t row_bytes = C::code_bytes(static_cast<std::size_t>(channels));
+  std::vector<std::byte> ca(G * row_bytes + channels * C::meta_bytes_per_group), cb(ca.size());
+  kernels::avx2::encode_channels<C>(t.data(), channels, channels, ca.data(), row_bytes, ca.data() + G * row_bytes);
+  encode_channels<C>(t.data(), channels, channels, cb.data(), row_bytes, cb.data() + G * row_bytes);
+  EXPECT_EQ(ca, cb) << "channels";
+}
+
+TEST(CacheSimdEncodeEdges, ScalesJustAboveAnFp16Value) {
+  check_scale_edges<Int4<Group<32>, Symmetric>>();
+  check_scale_edges<Int8<Group<32>>>();
+  check_scale_edges<Int4<Group<32>, Asymmetric>>();
+  check_scale_edges<Int8<Group<64>, Asymmetric>>();
+  check_scale_edges<Int3<Group<32>>>();
+}
+#endif
 
 }  // namespace

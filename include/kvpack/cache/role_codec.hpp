@@ -52,6 +52,21 @@ void encode_row_on(const float* x, int n, std::byte* codes, std::byte* meta) noe
   encode_row<C>(x, n, codes, meta);
 }
 
+/// Encodes one per-channel group of G = C::group_size token rows (as encode_channels) with the
+/// backend's quantizer: the AVX2 one (kernels/avx2/codes.hpp, bit-identical) on that backend for
+/// the integer codecs, else the scalar encode_channels.
+template <class BackendTag, KvCodec C>
+void encode_channels_on(const float* x, std::ptrdiff_t x_stride, int n, std::byte* codes, std::size_t code_row_bytes,
+                        std::byte* meta) noexcept {
+#if KVPACK_HAS_AVX2
+  if constexpr (std::is_same_v<BackendTag, Avx2> && kernels::simd::IntCodecFamily<C>) {
+    kernels::avx2::encode_channels<C>(x, x_stride, n, codes, code_row_bytes, meta);
+    return;
+  }
+#endif
+  encode_channels<C>(x, x_stride, n, codes, code_row_bytes, meta);
+}
+
 /// Commit rule of a row codec C for one role. Per-token (PerChannel false): tokens commit one at
 /// a time. Per-channel keys: tokens commit in aligned groups of C::group_size (KIVI).
 template <class C, bool PerChannel, class BackendTag>
@@ -74,7 +89,7 @@ struct RoleCodec {
                      const RoleRegion& r, std::uint8_t& /*flags*/) noexcept {
     if constexpr (PerChannel) {
       for (int g = 0; g < n; g += unit)
-        encode_channels<C>(x + g * stride, stride, D, block + r.codes + (off + static_cast<std::size_t>(g)) * r.row, r.row,
+        encode_channels_on<BackendTag, C>(x + g * stride, stride, D, block + r.codes + (off + static_cast<std::size_t>(g)) * r.row, r.row,
                            block + r.meta + (off + static_cast<std::size_t>(g)) / unit * r.meta_group);
     } else {
       for (int t = 0; t < n; ++t) {
