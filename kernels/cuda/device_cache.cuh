@@ -28,8 +28,10 @@
 // held tokens after eviction, and the device cache has no eviction.
 //
 // Status: compiles with nvcc 13 for sm_80 / sm_90 + PTX, warning-free; the host-side plan,
-// mapping and unpacking are tested on the host (tests/test_cuda_helpers.cpp); the device tests
-// (tests/cuda/) and the benchmark (bench/cuda/) have NOT yet run on a GPU (see README "CUDA").
+// mapping and unpacking are tested on the host (tests/test_cuda_helpers.cpp), the RoPE and
+// Hadamard helpers too (tests/test_cuda_transform_helpers.cpp); the device tests (tests/cuda/,
+// PreRope and DeviceRotated included) and the benchmark (bench/cuda/) have NOT yet run on a GPU
+// (see README "CUDA"). Rotated caches: device_rotated.cuh (DeviceRotated).
 #pragma once
 
 #if !defined(__CUDACC__)
