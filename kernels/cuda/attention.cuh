@@ -53,6 +53,9 @@ struct DeviceRows {
   const float* v = nullptr;
   std::int64_t stride = 0;  ///< floats between consecutive rows (kv_heads * head_dim when packed)
   int count = 0;            ///< rows
+  /// PreRope caches only (required there when count > 0): device [count] int32, the RoPE position
+  /// of each row, in [0, max_tokens) (device_rope.cuh). Ignored by post-RoPE caches.
+  const std::int32_t* pos = nullptr;
 };
 
 /// Arguments of one decode launch (one layer, one query token).
@@ -73,20 +76,34 @@ struct DecodeArgs {
 /// Error state of a DeviceCache in device memory: sticky like a CUDA error; while `code` is not
 /// ok every later append is skipped on the device. Read and cleared by DeviceCache::check().
 struct DeviceStatus {
-  unsigned long long first_bad[2];  ///< scratch of the current append: first non-finite index of K, V (~0 = none)
-  int code;                         ///< 0 ok, 1 non-finite input, 2 capacity exceeded
-  int layer;                        ///< layer of the failing append
-  long long index;                  ///< non-finite: index into [n][kv_heads][head_dim]; which = K (0) or V (1)
+  /// Scratch of the current append: first non-finite index of K, V, and (PreRope caches) first
+  /// token whose position is outside the RoPE table (~0 = none).
+  unsigned long long first_bad[3];
+  int code;                         ///< 0 ok, 1 non-finite input, 2 capacity exceeded, 3 RoPE position
+  int layer;                        ///< layer of the failing append (or decode)
+  /// non-finite: index into [n][kv_heads][head_dim]; which = K (0) or V (1). Position: the row
+  /// (token of the chunk, exact row, 0 for the query); which = appended token (2), decode query
+  /// (3), exact row (4); `value` the position.
+  long long index;
   int which;
   long long first, n;               ///< tokens before the failing append, and its token count
+  long long value;                  ///< the offending RoPE position (code 3)
 };
-inline constexpr int kStatusOk = 0, kStatusNonFinite = 1, kStatusCapacity = 2;
+inline constexpr int kStatusOk = 0, kStatusNonFinite = 1, kStatusCapacity = 2, kStatusPosition = 3;
 
 /// The kvpack error for a recorded device status (code != kStatusOk) of a cache with this shape.
 [[nodiscard]] inline Error append_error(const DeviceStatus& st, int kv_heads, int head_dim, std::int64_t max_tokens) {
   const std::string at = "DeviceCache::append (layer " + std::to_string(st.layer) + ", " + std::to_string(st.n) +
                          " tokens after " + std::to_string(st.first) + "): ";
   const std::string tail = "; nothing was appended from this append on until this check";
+  if (st.code == kStatusPosition) {
+    const std::string what = st.which == 2 ? at + "token " + std::to_string(st.index) + " of the chunk has"
+                             : "DeviceCache::decode (layer " + std::to_string(st.layer) + "): " +
+                                   (st.which == 3 ? std::string("the query has") : "exact row " + std::to_string(st.index) + " has");
+    return fail(Errc::invalid_argument, what + " RoPE position " + std::to_string(st.value) +
+                                            ", outside the device table [0, max_tokens = " + std::to_string(max_tokens) +
+                                            ")" + (st.which == 2 ? tail : "; that decode's output is unspecified"));
+  }
   if (st.code == kStatusCapacity)
     return fail(Errc::capacity_exceeded, at + "more than max_tokens = " + std::to_string(max_tokens) + tail);
   const auto row = static_cast<unsigned long long>(kv_heads) * static_cast<unsigned long long>(head_dim);
@@ -171,13 +188,16 @@ __global__ void append_kernel(const AppendArgs a) {
   // Every thread decides the same: nothing is written when this or an earlier append failed.
   const std::int64_t first = *a.tokens;
   const bool bad_k = a.status->first_bad[0] != ~0ull, bad_v = a.status->first_bad[1] != ~0ull;
+  const bool bad_p = a.status->first_bad[2] != ~0ull;  // set by scan_positions_kernel (PreRope only)
   const bool full = first + a.n > a.capacity;
-  if (a.status->code != kStatusOk || bad_k || bad_v || full) {
+  if (a.status->code != kStatusOk || bad_k || bad_v || bad_p || full) {
     if (blockIdx.x == 0 && threadIdx.x == 0 && a.status->code == kStatusOk) {
-      a.status->code = full && !bad_k && !bad_v ? kStatusCapacity : kStatusNonFinite;
+      a.status->code = bad_k || bad_v ? kStatusNonFinite : (bad_p ? kStatusPosition : kStatusCapacity);
       a.status->layer = a.layer;
-      a.status->which = bad_k ? 0 : 1;
-      a.status->index = static_cast<long long>(bad_k ? a.status->first_bad[0] : a.status->first_bad[1]);
+      a.status->which = bad_k ? 0 : (bad_v ? 1 : 2);
+      a.status->index = static_cast<long long>(bad_k ? a.status->first_bad[0]
+                                                     : (bad_v ? a.status->first_bad[1] : a.status->first_bad[2]));
+      if (!bad_k && !bad_v && bad_p) a.status->value = a.positions[a.status->first_bad[2]];
       a.status->first = first;
       a.status->n = a.n;
     }

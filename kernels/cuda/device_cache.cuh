@@ -18,9 +18,20 @@
 //    grid) and the same buffers each replay; the token counts are read on the device.
 //  * upload(), set_valid(), block_bytes(), compare() and check() synchronise (host buffers).
 //
+// Pre-RoPE keys (HostCache with PreRope<OriginalPositions>, policy.hpp): keys are appended and
+// stored before RoPE, as on the host; decode takes the query before RoPE with its position (a
+// device int32, so the step stays capturable) and the exact rows with theirs (DeviceRows::pos),
+// and rope_decode_kernel.cuh rotates each dequantized key at its stored position and the query at
+// its own, from a cos/sin table in device memory for positions [0, max_tokens) (device_rope.cuh).
+// Positions outside the table are errors (append/upload: invalid_argument; decode: recorded for
+// check()). PreRope<CacheRelative> is refused at compile time: its positions are ranks among the
+// held tokens after eviction, and the device cache has no eviction.
+//
 // Status: compiles with nvcc 13 for sm_80 / sm_90 + PTX, warning-free; the host-side plan,
-// mapping and unpacking are tested on the host (tests/test_cuda_helpers.cpp); the device tests
-// (tests/cuda/) and the benchmark (bench/cuda/) have NOT yet run on a GPU (see README "CUDA").
+// mapping and unpacking are tested on the host (tests/test_cuda_helpers.cpp), the RoPE and
+// Hadamard helpers too (tests/test_cuda_transform_helpers.cpp); the device tests (tests/cuda/,
+// PreRope and DeviceRotated included) and the benchmark (bench/cuda/) have NOT yet run on a GPU
+// (see README "CUDA"). Rotated caches: device_rotated.cuh (DeviceRotated).
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -44,6 +55,7 @@
 #include "kvpack/kernels/cuda/decode_launch.cuh"
 #include "kvpack/kernels/cuda/decode_plan.cuh"
 #include "kvpack/kernels/cuda/device_memory.cuh"
+#include "kvpack/kernels/cuda/device_rope.cuh"
 #include "kvpack/cache/block.hpp"
 #include "kvpack/kv_cache.hpp"
 #include "kvpack/result.hpp"
@@ -74,7 +86,8 @@ struct DecodeOptions {
 /// token) are passed to decode() as DeviceRows and read exactly.
 ///
 /// Requirements (compile time): grouped codecs for K and V (Int8, Int4, Fp8E4M3, Fp8E5M2),
-/// per-token keys. Run time (create): head_dim 64, 128 or 256; GQA group <= 16; the decode
+/// per-token keys, PostRope or PreRope<OriginalPositions> (see the file comment; rotated caches:
+/// DeviceRotated, device_rotated.cuh). Run time (create): head_dim 64, 128 or 256; GQA group <= 16; the decode
 /// kernel's shared memory (decode_smem_for) within the device's per-block limit.
 /// Thread safety: none per object; all work is queued on one stream of one device, both fixed at
 /// create(). Objects on different threads or devices are independent.
@@ -87,6 +100,11 @@ class DeviceCache {
   static_assert(DeviceCodec<key_codec>::supported && DeviceCodec<value_codec>::supported,
                 "kvpack::cuda::DeviceCache: the CUDA kernels need grouped codecs for K and V "
                 "(Int8<>, Int4<>, Fp8E4M3<>, Fp8E5M2<>); Fp32/Fp16, INT3/INT2 and NF4 caches stay on the host");
+  /// PreRope<OriginalPositions>: keys stored before RoPE, rotated by the decode kernel.
+  static constexpr bool pre_rope = takes_pre_rope_v<HostCache>;
+  static_assert(!pre_rope || !HostCache::rope_cache_relative,
+                "kvpack::cuda::DeviceCache: PreRope<CacheRelative> rotates keys at their rank among the tokens "
+                "held after eviction, and the device cache has no eviction; use PreRope<OriginalPositions>");
   static_assert(!HostCache::keys_per_channel,
                 "kvpack::cuda::DeviceCache: per-channel keys (Keys<Codec, PerChannel>) are not implemented on the "
                 "device; use per-token keys");
@@ -95,9 +113,12 @@ class DeviceCache {
   /// head_dim not 64/128/256 or group > 16 (Errc::unsupported), and the decode kernel's shared
   /// memory above `smem_limit` bytes (Errc::unsupported; create() passes the device's
   /// cudaDevAttrMaxSharedMemoryPerBlockOptin).
+  /// PreRope caches: also the RoPE fields (validate_rope, Errc::invalid_argument); their decode
+  /// kernel (rope_decode_kernel.cuh) uses < 48 KiB of static shared memory, which always fits.
   [[nodiscard]] static Status check_shape(const ModelShape& shape, std::size_t smem_limit) {
-    auto host_check = HostCache::create(ModelShape{shape.layers, shape.q_heads, shape.kv_heads, shape.head_dim, 1,
-                                                   shape.attn_scale});
+    ModelShape one = shape;
+    one.max_tokens = 1;
+    auto host_check = HostCache::create(one);
     if (!host_check) return host_check.error();
     if (shape.max_tokens <= 0 || shape.max_tokens > 0x7FFFFFFF)
       return fail(Errc::invalid_argument, "DeviceCache::create: max_tokens must be in [1, 2^31 - 1]");
@@ -108,12 +129,14 @@ class DeviceCache {
     if (group > kMaxGroup)
       return fail(Errc::unsupported, "DeviceCache::create: GQA group " + std::to_string(group) +
                                          " exceeds the CUDA kernels' maximum of 16 query heads per KV head");
+    if constexpr (pre_rope) return {};
     return check_decode_fits(decode_smem_for<HostCache>(shape.head_dim, group).total, smem_limit, block_tokens);
   }
 
   /// Allocates the blocks, token counts, error state and decode scratch for `shape` on `device`
-  /// (-1: the current one), zeroed on `stream`, where all later work is queued. Errors: those of
-  /// check_shape, and CUDA errors (see device_memory.cuh).
+  /// (-1: the current one), zeroed on `stream`, where all later work is queued; PreRope caches
+  /// also their RoPE table (device_rope.cuh; synchronous). Errors: those of check_shape and
+  /// DeviceRopeTable::create, and CUDA errors (see device_memory.cuh).
   [[nodiscard]] static Result<DeviceCache> create(const ModelShape& shape, cudaStream_t stream = nullptr,
                                                   int device = -1) {
     if (device < 0) KVPACK_CUDA_TRY(cudaGetDevice(&device));
@@ -155,6 +178,11 @@ class DeviceCache {
     c.counts_ = std::move(*counts);
     c.status_ = std::move(*status);
     c.work_ = std::move(*scratch);
+    if constexpr (pre_rope) {
+      auto table = DeviceRopeTable::create(shape, stream);
+      if (!table) return table.error();
+      c.rope_ = std::move(*table);
+    }
     c.tokens_.assign(static_cast<std::size_t>(shape.layers), 0);
     return Result<DeviceCache>(std::move(c));
   }
@@ -168,50 +196,14 @@ class DeviceCache {
   /// Replaces every layer's blocks by the host cache's quantized blocks (bytes copied as they are;
   /// sinks and pending rows of the host cache are not blocks and are not copied). The host cache
   /// must have this shape and no eviction policy (its slot masks are private). Synchronous.
-  Status upload(const HostCache& host) {
-    static_assert(!HostCache::evicts, "DeviceCache::upload: eviction caches keep private slot masks; use set_valid");
-    KVPACK_CUDA_ON_DEVICE(device_);
-    const ModelShape& hs = host.shape();
-    if (hs.layers != shape_.layers || hs.kv_heads != shape_.kv_heads || hs.q_heads != shape_.q_heads ||
-        hs.head_dim != shape_.head_dim)
-      return fail(Errc::invalid_argument, "DeviceCache::upload: the host cache has another shape");
-    std::vector<std::uint64_t> words(static_cast<std::size_t>(shape_.kv_heads) * static_cast<std::size_t>(max_blocks_) *
-                                     static_cast<std::size_t>(words_));
-    for (int l = 0; l < shape_.layers; ++l) {
-      std::fill(words.begin(), words.end(), 0);
-      KVPACK_CUDA_TRY(cudaMemsetAsync(layer_data(l), 0, layer_bytes(), stream_));
-      std::int64_t n_tokens = 0;
-      for (int h = 0; h < shape_.kv_heads; ++h) {
-        const std::span<const Block> blocks = host.blocks(l, h);
-        if (blocks.size() > static_cast<std::size_t>(max_blocks_))
-          return fail(Errc::capacity_exceeded, "DeviceCache::upload: layer " + std::to_string(l) + " holds " +
-                                                   std::to_string(blocks.size()) + " blocks, more than " +
-                                                   std::to_string(max_blocks_));
-        std::int64_t head_tokens = 0;
-        for (std::size_t b = 0; b < blocks.size(); ++b) {
-          KVPACK_CUDA_TRY(cudaMemcpyAsync(block_ptr(l, h, static_cast<int>(b)), blocks[b].data.get(), layout_.bytes,
-                                          cudaMemcpyHostToDevice, stream_));
-          const int count = blocks[b].header.count;
-          for (int t = 0; t < count; ++t)
-            words[(static_cast<std::size_t>(h) * static_cast<std::size_t>(max_blocks_) + b) * static_cast<std::size_t>(words_) +
-                  static_cast<std::size_t>(t / 64)] |= std::uint64_t{1} << (t % 64);
-          head_tokens = static_cast<std::int64_t>(b) * block_tokens + count;
-        }
-        n_tokens = std::max(n_tokens, head_tokens);
-      }
-      KVPACK_CUDA_TRY(cudaMemcpyAsync(layer_valid(l), words.data(), words.size() * sizeof(std::uint64_t),
-                                      cudaMemcpyHostToDevice, stream_));
-      tokens_[static_cast<std::size_t>(l)] = n_tokens;
-      KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));  // `words` is reused for the next layer
-    }
-    KVPACK_CUDA_TRY(cudaMemcpyAsync(counts_.get(), tokens_.data(), tokens_.size() * sizeof(std::int64_t),
-                                    cudaMemcpyHostToDevice, stream_));
-    KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));
-    return {};
-  }
+  /// PreRope: the host's RoPE fields must match and its positions lie in [0, max_tokens)
+  /// (Errc::invalid_argument, checked before anything changes). (kernels/cuda/device_compare.cuh)
+  Status upload(const HostCache& host);
 
   /// Quantizes n tokens on the device and appends them to `layer`'s blocks (every KV head).
-  /// d_k, d_v: device [n][kv_heads][head_dim] fp32 (keys post-RoPE); d_positions: device [n] int32.
+  /// d_k, d_v: device [n][kv_heads][head_dim] fp32 (keys post-RoPE, or pre-RoPE for PreRope
+  /// caches); d_positions: device [n] int32 (PreRope: in [0, max_tokens), else reported by check()
+  /// as Errc::invalid_argument and nothing appended).
   /// Codes and metadata are bit-identical to the host KVCache's (CASES C4, C12). Enqueue only
   /// (four operations on the stream: reset, NaN/Inf scan, quantizer, count update).
   /// Errors returned at once, nothing enqueued: layer out of range or null buffers
@@ -235,6 +227,10 @@ class DeviceCache {
     KVPACK_CUDA_TRY(cudaMemsetAsync(st->first_bad, 0xFF, sizeof st->first_bad, stream_));
     scan_non_finite_kernel<><<<grid_for(2 * floats), 256, 0, stream_>>>(d_k, d_v, floats, st->first_bad);
     KVPACK_CUDA_TRY(cudaGetLastError());
+    if constexpr (pre_rope) {
+      scan_positions_kernel<><<<grid_for(n), 256, 0, stream_>>>(d_positions, n, rope_.view().positions, st->first_bad + 2);
+      KVPACK_CUDA_TRY(cudaGetLastError());
+    }
     AppendArgs a;
     a.blocks = device_blocks(layer);
     a.k = d_k;
@@ -261,32 +257,64 @@ class DeviceCache {
   /// Reads the device's error state and token counts (synchronises the stream). Returns the
   /// first error recorded since the last check (and clears it), else any asynchronous CUDA error;
   /// tokens() then equals the device's counts.
-  Status check() {
-    KVPACK_CUDA_ON_DEVICE(device_);
-    DeviceStatus st{};
-    KVPACK_CUDA_TRY(cudaMemcpyAsync(&st, status_.get(), sizeof st, cudaMemcpyDeviceToHost, stream_));
-    KVPACK_CUDA_TRY(cudaMemcpyAsync(tokens_.data(), counts_.get(), tokens_.size() * sizeof(std::int64_t),
-                                    cudaMemcpyDeviceToHost, stream_));
-    KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));
-    KVPACK_CUDA_TRY(cudaGetLastError());
-    if (st.code == kStatusOk) return {};
-    KVPACK_CUDA_TRY(cudaMemsetAsync(&static_cast<DeviceStatus*>(status_.get())->code, 0, sizeof(int), stream_));
-    KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));
-    return append_error(st, shape_.kv_heads, shape_.head_dim, shape_.max_tokens);
-  }
+  Status check();
+
 
   /// Decode attention of one query token over `layer`: the quantized blocks (slots whose validity
   /// bit is set; token count read on the device) and then `exact` fp32 rows, all visible to the
   /// query. d_q, d_out: device [q_heads][head_dim] fp32; query head i uses KV head
   /// i / (q_heads / kv_heads). Softmax scale: shape.attn_scale, or 1/sqrt(head_dim) when 0. A
   /// query that sees no key gets zeros. Enqueue only (two kernels); launch errors are returned,
-  /// execution errors by check().
-  Status decode(int layer, const float* d_q, float* d_out, const DeviceRows& exact = {}, DecodeOptions opt = {}) {
-    if (layer < 0 || layer >= shape_.layers)
-      return fail(Errc::invalid_argument, "DeviceCache::decode: layer " + std::to_string(layer) + " out of range");
-    if (!d_q || !d_out || exact.count < 0 || (exact.count > 0 && (!exact.k || !exact.v)))
-      return fail(Errc::invalid_argument, "DeviceCache::decode: null buffer or negative exact row count");
+  /// execution errors by check(). Errors: layer out of range, null buffers, negative exact count
+  /// (Errc::invalid_argument). (PreRope caches: the overload with the query position.)
+  Status decode(int layer, const float* d_q, float* d_out, const DeviceRows& exact = {}, DecodeOptions opt = {})
+    requires(!pre_rope)
+  {
+    if (Status s = check_decode(layer, d_q, d_out, exact); !s) return s;
     KVPACK_CUDA_ON_DEVICE(device_);
+    // The host's count bounds the device's (an append that fails on the device adds nothing).
+    DecodeArgs a = decode_args(layer, d_q, exact, blocks_in_use(layer) + (exact.count + block_tokens - 1) / block_tokens, opt);
+    const dim3 grid(static_cast<unsigned>(head_ctas_), static_cast<unsigned>(a.n_splits));
+    Status launched = launch_decode_split<key_codec, value_codec, block_tokens>(a, grid, shape_.head_dim, heads_per_cta_,
+                                                                                device_, stream_);
+    if (!launched) return launched;
+    return combine(a, d_out);
+  }
+
+  /// Decode attention of one PRE-RoPE query over `layer` of a PreRope cache (the host
+  /// KVCache::attend rotates its queries at the positions of the newest appended tokens; here the
+  /// position is explicit): as the overload above, with the query rotated at *d_q_pos (device,
+  /// one int32, read by the kernel: CUDA-graph friendly) and every key, quantized or exact, at
+  /// its own position (stored in the blocks at append; exact.pos, required when exact.count > 0).
+  /// Errors returned: those above, d_q_pos or exact.pos null (Errc::invalid_argument). Recorded
+  /// for check(): the query's or an exact row's position outside [0, max_tokens)
+  /// (Errc::invalid_argument; that decode's output is unspecified, later appends wait for check()).
+  Status decode(int layer, const float* d_q, const std::int32_t* d_q_pos, float* d_out, const DeviceRows& exact = {},
+                DecodeOptions opt = {})
+    requires(pre_rope)
+  {
+    if (Status s = check_decode(layer, d_q, d_out, exact); !s) return s;
+    if (!d_q_pos || (exact.count > 0 && !exact.pos))
+      return fail(Errc::invalid_argument, "DeviceCache::decode: PreRope needs the query position and the exact rows' positions");
+    KVPACK_CUDA_ON_DEVICE(device_);
+    RopeDecodeArgs r;
+    r.d = decode_args(layer, d_q, exact, static_cast<int>((tokens(layer) + kRopeTile - 1) / kRopeTile) +
+                                              (exact.count + kRopeTile - 1) / kRopeTile, opt);
+    r.rope = rope_.view();
+    r.q_pos = d_q_pos;
+    r.status = static_cast<DeviceStatus*>(status_.get());
+    r.layer = layer;
+    const dim3 grid(static_cast<unsigned>(head_ctas_), static_cast<unsigned>(r.d.n_splits));
+    Status launched = launch_rope_decode<key_codec, value_codec, block_tokens>(r, grid, shape_.head_dim, heads_per_cta_, stream_);
+    if (!launched) return launched;
+    return combine(r.d, d_out);
+  }
+
+ private:
+  [[nodiscard]] Status check_decode(int layer, const float* d_q, const float* d_out, const DeviceRows& exact) const;
+
+  /// Launch arguments of a decode over `units` tiles (split plan, scratch pointers).
+  [[nodiscard]] DecodeArgs decode_args(int layer, const float* d_q, const DeviceRows& exact, int units, DecodeOptions opt) {
     DecodeArgs a;
     a.blocks = device_blocks(layer);
     a.tokens = device_count(layer);
@@ -296,8 +324,6 @@ class DeviceCache {
     a.group = shape_.q_heads / shape_.kv_heads;
     a.kv_heads = shape_.kv_heads;
     a.scale = shape_.attn_scale > 0.f ? shape_.attn_scale : 1.f / std::sqrt(static_cast<float>(shape_.head_dim));
-    // The host's count bounds the device's (an append that fails on the device adds nothing).
-    const int units = blocks_in_use(layer) + (a.exact.count + block_tokens - 1) / block_tokens;
     const SplitPlan plan = plan_splits(units, opt.splits, sms_, head_ctas_, max_splits_);
     a.n_splits = opt.splits > 0 ? std::min(opt.splits, max_splits_) : plan.splits;
     a.smem = smem_;
@@ -307,39 +333,25 @@ class DeviceCache {
     a.part_l = base + heads_splits;
     a.part_acc = base + 2 * heads_splits;
     last_splits_ = a.n_splits;
-    const dim3 grid(static_cast<unsigned>(head_ctas_), static_cast<unsigned>(a.n_splits));
-    Status launched = launch_decode_split<key_codec, value_codec, block_tokens>(a, grid, shape_.head_dim, heads_per_cta_,
-                                                                                device_, stream_);
-    if (!launched) return launched;
+    return a;
+  }
+  Status combine(const DecodeArgs& a, float* d_out) {
     decode_combine_kernel<><<<static_cast<unsigned>(shape_.q_heads), 128, 0, stream_>>>(
         a.part_m, a.part_l, a.part_acc, a.n_splits, shape_.head_dim, d_out);
     KVPACK_CUDA_TRY(cudaGetLastError());
     return {};
   }
 
+ public:
+
   /// Sets the validity words of one block (eviction masks): slot t is attended iff bit t % 64 of
   /// words[t / 64] is set. words.size() must be (B + 63) / 64. Synchronous.
-  Status set_valid(int layer, int kv_head, int block, std::span<const std::uint64_t> words) {
-    if (!in_range(layer, kv_head, block) || words.size() != static_cast<std::size_t>(words_))
-      return fail(Errc::invalid_argument, "DeviceCache::set_valid: layer, kv_head, block or word count out of range");
-    KVPACK_CUDA_ON_DEVICE(device_);
-    KVPACK_CUDA_TRY(cudaMemcpyAsync(valid_ptr(layer, kv_head, block), words.data(), words.size() * sizeof(std::uint64_t),
-                                    cudaMemcpyHostToDevice, stream_));
-    KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));
-    return {};
-  }
+  Status set_valid(int layer, int kv_head, int block, std::span<const std::uint64_t> words);
+
 
   /// Copy of one block's payload (BlockLayout::bytes bytes). Synchronous.
-  [[nodiscard]] Result<std::vector<std::byte>> block_bytes(int layer, int kv_head, int block) const {
-    if (!in_range(layer, kv_head, block))
-      return fail(Errc::invalid_argument, "DeviceCache::block_bytes: layer, kv_head or block out of range");
-    KVPACK_CUDA_ON_DEVICE(device_);
-    std::vector<std::byte> out(layout_.bytes);
-    KVPACK_CUDA_TRY(cudaMemcpyAsync(out.data(), block_ptr(layer, kv_head, block), out.size(), cudaMemcpyDeviceToHost,
-                                    stream_));
-    KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));
-    return out;
-  }
+  [[nodiscard]] Result<std::vector<std::byte>> block_bytes(int layer, int kv_head, int block) const;
+
 
   /// Compares every block with the host cache's, byte for byte (codes, metadata, positions, and
   /// unused slots, which are zero on both sides), and the validity masks with the host's token
@@ -352,16 +364,8 @@ class DeviceCache {
   }
 
   /// Copy of one block's validity words ((B + 63) / 64). Synchronous.
-  [[nodiscard]] Result<std::vector<std::uint64_t>> valid_words(int layer, int kv_head, int block) const {
-    if (!in_range(layer, kv_head, block))
-      return fail(Errc::invalid_argument, "DeviceCache::valid_words: layer, kv_head or block out of range");
-    KVPACK_CUDA_ON_DEVICE(device_);
-    std::vector<std::uint64_t> out(static_cast<std::size_t>(words_));
-    KVPACK_CUDA_TRY(cudaMemcpyAsync(out.data(), valid_ptr(layer, kv_head, block), out.size() * sizeof(std::uint64_t),
-                                    cudaMemcpyDeviceToHost, stream_));
-    KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));
-    return out;
-  }
+  [[nodiscard]] Result<std::vector<std::uint64_t>> valid_words(int layer, int kv_head, int block) const;
+
 
   /// Waits for all queued work; reports device-side and asynchronous errors (= check()).
   Status synchronize() { return check(); }
@@ -383,10 +387,12 @@ class DeviceCache {
     const std::size_t per_token = layout_.k_row + layout_.k_meta_token + layout_.v_row + layout_.v_meta_token;
     return static_cast<std::size_t>(tokens(layer)) * per_token * static_cast<std::size_t>(shape_.kv_heads);
   }
-  /// Device bytes allocated for blocks and masks (all layers).
+  /// Device bytes allocated for blocks and masks (all layers), and the RoPE table (PreRope).
   [[nodiscard]] std::size_t device_bytes() const noexcept {
-    return static_cast<std::size_t>(shape_.layers) * (layer_bytes() + layer_words() * sizeof(std::uint64_t));
+    return static_cast<std::size_t>(shape_.layers) * (layer_bytes() + layer_words() * sizeof(std::uint64_t)) + rope_.bytes();
   }
+  /// The RoPE table the decode kernel reads (PreRope caches; empty otherwise).
+  [[nodiscard]] const DeviceRopeTable& rope_table() const noexcept { return rope_; }
   [[nodiscard]] const BlockLayout& layout() const noexcept { return layout_; }
   [[nodiscard]] const ModelShape& shape() const noexcept { return shape_; }
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
@@ -442,6 +448,7 @@ class DeviceCache {
   int device_ = 0, max_blocks_ = 0, words_ = 0, sms_ = 1, last_splits_ = 0, max_splits_ = 1;
   int heads_per_cta_ = 1, head_ctas_ = 1;
   DeviceBuffer data_, valid_, counts_, status_, work_;
+  DeviceRopeTable rope_;  // PreRope: cos/sin for positions [0, max_tokens)
   std::vector<std::int64_t> tokens_;
 };
 

@@ -1,11 +1,14 @@
-// Byte-wise comparison of a kvpack::cuda::DeviceCache with the host KVCache it mirrors (tests and
-// debugging: proves the device quantizer bit-identical to the host, CASES C4/C12). Included at
-// the end of kernels/cuda/device_cache.cuh; synchronous.
+// Out-of-line members of kvpack::cuda::DeviceCache that move data between host and device:
+// upload (host blocks copied as bytes), set_valid, block_bytes, valid_words, check (the device's
+// error state), the decode argument check; and the byte-wise comparison with the host KVCache
+// it mirrors (tests and debugging: proves the device quantizer bit-identical to the host, CASES
+// C4/C12). Included at the end of kernels/cuda/device_cache.cuh; all synchronous.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -54,6 +57,110 @@ Status compare_device_blocks(const DeviceCache<HostCache>& dev, const HostCache&
       }
     }
   }
+  return {};
+}
+
+template <class HostCache>
+Status DeviceCache<HostCache>::upload(const HostCache& host) {
+  static_assert(!HostCache::evicts, "DeviceCache::upload: eviction caches keep private slot masks; use set_valid");
+  KVPACK_CUDA_ON_DEVICE(device_);
+  const ModelShape& hs = host.shape();
+  if (hs.layers != shape_.layers || hs.kv_heads != shape_.kv_heads || hs.q_heads != shape_.q_heads ||
+      hs.head_dim != shape_.head_dim)
+    return fail(Errc::invalid_argument, "DeviceCache::upload: the host cache has another shape");
+  if constexpr (pre_rope)
+    if (Status s = check_rope_upload(host, shape_, rope_.view().positions); !s) return s;
+  std::vector<std::uint64_t> words(static_cast<std::size_t>(shape_.kv_heads) * static_cast<std::size_t>(max_blocks_) *
+                                   static_cast<std::size_t>(words_));
+  for (int l = 0; l < shape_.layers; ++l) {
+    std::fill(words.begin(), words.end(), 0);
+    KVPACK_CUDA_TRY(cudaMemsetAsync(layer_data(l), 0, layer_bytes(), stream_));
+    std::int64_t n_tokens = 0;
+    for (int h = 0; h < shape_.kv_heads; ++h) {
+      const std::span<const Block> blocks = host.blocks(l, h);
+      if (blocks.size() > static_cast<std::size_t>(max_blocks_))
+        return fail(Errc::capacity_exceeded, "DeviceCache::upload: layer " + std::to_string(l) + " holds " +
+                                                 std::to_string(blocks.size()) + " blocks, more than " +
+                                                 std::to_string(max_blocks_));
+      std::int64_t head_tokens = 0;
+      for (std::size_t b = 0; b < blocks.size(); ++b) {
+        KVPACK_CUDA_TRY(cudaMemcpyAsync(block_ptr(l, h, static_cast<int>(b)), blocks[b].data.get(), layout_.bytes,
+                                        cudaMemcpyHostToDevice, stream_));
+        const int count = blocks[b].header.count;
+        for (int t = 0; t < count; ++t)
+          words[(static_cast<std::size_t>(h) * static_cast<std::size_t>(max_blocks_) + b) * static_cast<std::size_t>(words_) +
+                static_cast<std::size_t>(t / 64)] |= std::uint64_t{1} << (t % 64);
+        head_tokens = static_cast<std::int64_t>(b) * block_tokens + count;
+      }
+      n_tokens = std::max(n_tokens, head_tokens);
+    }
+    KVPACK_CUDA_TRY(cudaMemcpyAsync(layer_valid(l), words.data(), words.size() * sizeof(std::uint64_t),
+                                    cudaMemcpyHostToDevice, stream_));
+    tokens_[static_cast<std::size_t>(l)] = n_tokens;
+    KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));  // `words` is reused for the next layer
+  }
+  KVPACK_CUDA_TRY(cudaMemcpyAsync(counts_.get(), tokens_.data(), tokens_.size() * sizeof(std::int64_t),
+                                  cudaMemcpyHostToDevice, stream_));
+  KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));
+  return {};
+}
+
+template <class HostCache>
+Status DeviceCache<HostCache>::set_valid(int layer, int kv_head, int block, std::span<const std::uint64_t> words) {
+  if (!in_range(layer, kv_head, block) || words.size() != static_cast<std::size_t>(words_))
+    return fail(Errc::invalid_argument, "DeviceCache::set_valid: layer, kv_head, block or word count out of range");
+  KVPACK_CUDA_ON_DEVICE(device_);
+  KVPACK_CUDA_TRY(cudaMemcpyAsync(valid_ptr(layer, kv_head, block), words.data(), words.size() * sizeof(std::uint64_t),
+                                  cudaMemcpyHostToDevice, stream_));
+  KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));
+  return {};
+}
+
+template <class HostCache>
+Result<std::vector<std::byte>> DeviceCache<HostCache>::block_bytes(int layer, int kv_head, int block) const {
+  if (!in_range(layer, kv_head, block))
+    return fail(Errc::invalid_argument, "DeviceCache::block_bytes: layer, kv_head or block out of range");
+  KVPACK_CUDA_ON_DEVICE(device_);
+  std::vector<std::byte> out(layout_.bytes);
+  KVPACK_CUDA_TRY(cudaMemcpyAsync(out.data(), block_ptr(layer, kv_head, block), out.size(), cudaMemcpyDeviceToHost,
+                                  stream_));
+  KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));
+  return out;
+}
+
+template <class HostCache>
+Result<std::vector<std::uint64_t>> DeviceCache<HostCache>::valid_words(int layer, int kv_head, int block) const {
+  if (!in_range(layer, kv_head, block))
+    return fail(Errc::invalid_argument, "DeviceCache::valid_words: layer, kv_head or block out of range");
+  KVPACK_CUDA_ON_DEVICE(device_);
+  std::vector<std::uint64_t> out(static_cast<std::size_t>(words_));
+  KVPACK_CUDA_TRY(cudaMemcpyAsync(out.data(), valid_ptr(layer, kv_head, block), out.size() * sizeof(std::uint64_t),
+                                  cudaMemcpyDeviceToHost, stream_));
+  KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));
+  return out;
+}
+
+template <class HostCache>
+Status DeviceCache<HostCache>::check() {
+  KVPACK_CUDA_ON_DEVICE(device_);
+  DeviceStatus st{};
+  KVPACK_CUDA_TRY(cudaMemcpyAsync(&st, status_.get(), sizeof st, cudaMemcpyDeviceToHost, stream_));
+  KVPACK_CUDA_TRY(cudaMemcpyAsync(tokens_.data(), counts_.get(), tokens_.size() * sizeof(std::int64_t),
+                                  cudaMemcpyDeviceToHost, stream_));
+  KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));
+  KVPACK_CUDA_TRY(cudaGetLastError());
+  if (st.code == kStatusOk) return {};
+  KVPACK_CUDA_TRY(cudaMemsetAsync(&static_cast<DeviceStatus*>(status_.get())->code, 0, sizeof(int), stream_));
+  KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));
+  return append_error(st, shape_.kv_heads, shape_.head_dim, shape_.max_tokens);
+}
+
+template <class HostCache>
+Status DeviceCache<HostCache>::check_decode(int layer, const float* d_q, const float* d_out, const DeviceRows& exact) const {
+  if (layer < 0 || layer >= shape_.layers)
+    return fail(Errc::invalid_argument, "DeviceCache::decode: layer " + std::to_string(layer) + " out of range");
+  if (!d_q || !d_out || exact.count < 0 || (exact.count > 0 && (!exact.k || !exact.v)))
+    return fail(Errc::invalid_argument, "DeviceCache::decode: null buffer or negative exact row count");
   return {};
 }
 
