@@ -100,6 +100,7 @@ struct Scratch {
   std::vector<float> q_params;               // ... and their per-group parameters, key tile metadata
   std::vector<std::int16_t> q_int16;         // AVX2 block path: int16 queries [n_states][D]
   std::vector<float> block_work;             // ... and its working memory (kernels/avx2/int_block.hpp)
+  std::vector<float> channel_work;           // AVX2 per-channel block path (kernels/avx2/channel_block.hpp)
   std::vector<float> q_rope;                 // PreRope: the rotated queries [n_states][D]
   void ensure(int n_states, int head_dim, int tile) {
     const auto ns = static_cast<std::size_t>(n_states);

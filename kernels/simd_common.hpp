@@ -130,6 +130,16 @@ void attend_tiled(const AttendArgs& a_in, const HeadSegments& seg, const BlockLa
     if constexpr (kIntBlock) return !a.key_mass && !a.rope && n_states <= Isa::int_block_max_states;
     else return false;
   }();
+  // The same for per-channel keys (Isa::channel_block<KC>, e.g. kernels/avx2/channel_block.hpp).
+  constexpr bool kChannelBlock = DT > 0 && KPerChannel && Isa::template channel_block<KC>;
+  [[maybe_unused]] auto channel_block_mem = [] {
+    if constexpr (kChannelBlock) return typename Isa::ChannelBlockMemory{};
+    else return 0;
+  }();
+  [[maybe_unused]] const bool channel_block_usable = [&] {
+    if constexpr (kChannelBlock) return !a.key_mass && !a.rope && n_states <= Isa::int_block_max_states;
+    else return false;
+  }();
 
   // Scores of states [st0, n_states) against n fp32 key rows at kt + t * ks.
   auto fp32_scores = [&](const float* kt, std::int64_t ks, int n) {
@@ -264,6 +274,16 @@ void attend_tiled(const AttendArgs& a_in, const HeadSegments& seg, const BlockLa
                                                                     a.bias ? a.bias + b.first : nullptr, s.m.data(),
                                                                     s.l.data(), s.acc.data(),
                                                                     i + 1 < seg.blocks.size() ? seg.blocks[i + 1].data : nullptr);
+        continue;
+      }
+    }
+    if constexpr (kChannelBlock) {
+      if (channel_block_usable && !b.valid && b.first + b.count - 1 <= a.q_first) {
+        if (!int_block_ready) channel_block_mem = Isa::channel_block_prepare(q_of, n_states, D, s);
+        int_block_ready = true;
+        logit_overflow |= Isa::template channel_block_attend<KC, VC, DT>(
+            channel_block_mem, n_states, b.data, L, b.count, a.scale, a.bias ? a.bias + b.first : nullptr, s.m.data(),
+            s.l.data(), s.acc.data(), i + 1 < seg.blocks.size() ? seg.blocks[i + 1].data : nullptr);
         continue;
       }
     }

@@ -8,7 +8,9 @@
 // queries see in full (decode) is attended whole by the block path (kernels/avx2/int_block.hpp):
 // an int16 query, keys scored from their codes, one softmax update per 64 tokens, INT4/INT8 values
 // accumulated from their codes with the scales folded into the weights (error bound:
-// kernels::query_int8_group). Opt-in (kernels/avx2/int_dot.hpp), for the remaining tiles: with
+// kernels::query_int8_group). Per-channel integer keys (KIVI) take the same whole-block route
+// (kernels/avx2/channel_block.hpp): the query scaled by each token group's channel scales, fp32
+// scores from the key levels, the same softmax and values. Opt-in (kernels/avx2/int_dot.hpp), for the remaining tiles: with
 // KVPACK_AVX2_INTEGER_QK=1 per-token INT8/INT4 keys are scored from their codes against the query
 // quantized in two int8 terms (vpdpbusd with AVX-VNNI / AVX-512 VNNI, else vpmaddubsw); with
 // KVPACK_AVX2_INTEGER_PV=1 INT4 values are accumulated from their codes with two-byte weights
@@ -30,6 +32,7 @@
 #include <limits>
 
 #include "kvpack/kernels/avx2/codes.hpp"
+#include "kvpack/kernels/avx2/channel_block.hpp"
 #include "kvpack/kernels/avx2/int_block.hpp"
 #include "kvpack/kernels/avx2/int_dot.hpp"
 #include "kvpack/kernels/avx2/math.hpp"
@@ -214,6 +217,20 @@ struct Isa {
                                int count, float attn_scale, const float* bias, float* m, float* l, float* acc,
                                const std::byte* next) {
     return avx2::int_block_attend<Isa, KC, VC, D>(w, n_states, data, L, count, attn_scale, bias, m, l, acc, next);
+  }
+  // Whole visible blocks of per-channel keys (kernels/avx2/channel_block.hpp).
+  template <class C>
+  static constexpr bool channel_block = avx2::channel_block_key<C>;
+  using ChannelBlockMemory = avx2::ChannelBlockMemory;
+  template <class QueryOf>
+  static ChannelBlockMemory channel_block_prepare(QueryOf&& q_of, int n_states, int D, Scratch& s) {
+    return avx2::channel_block_prepare(q_of, n_states, D, s);
+  }
+  template <class KC, class VC, int D>
+  static bool channel_block_attend(const ChannelBlockMemory& c, int n_states, const std::byte* data, const BlockLayout& L,
+                                   int count, float attn_scale, const float* bias, float* m, float* l, float* acc,
+                                   const std::byte* next) {
+    return avx2::channel_block_attend<Isa, KC, VC, D>(c, n_states, data, L, count, attn_scale, bias, m, l, acc, next);
   }
   template <KvCodec C>
   static void load_channel_params(const std::byte* meta, int n, float* scale, float* zero, float* tmp) noexcept {

@@ -93,13 +93,10 @@ struct IntBlockMemory {
   float* order = nullptr;       ///< [D] one state's output reordered
 };
 
-/// Quantizes the queries of every state (q_of(st): D floats) for key codec C and returns the
-/// block path's working memory (grown in s, never shrunk; may throw std::bad_alloc).
-template <class C, class QueryOf>
-IntBlockMemory int_block_prepare(QueryOf&& q_of, int n_states, int D, Scratch& s) {
-  using namespace int_block_detail;
-  constexpr int G = C::group_size;
-  const int ng = D / G, per_batch = std::min(ng, 4), batches = (ng + 3) / 4;
+/// The block path's working memory for n_states states, head_dim D and `batches` key batches
+/// (groups of 4 key groups; the query arrays a, b), carved from s (grown, never shrunk; may
+/// throw std::bad_alloc). The quantized queries are not filled in (int_block_prepare does).
+inline IntBlockMemory int_block_memory(int n_states, int D, int batches, Scratch& s) {
   const auto ns = static_cast<std::size_t>(n_states), Dz = static_cast<std::size_t>(D);
   const auto nb = static_cast<std::size_t>(batches);
   if (s.q_int16.size() < ns * Dz) s.q_int16.resize(ns * Dz);
@@ -120,6 +117,18 @@ IntBlockMemory int_block_prepare(QueryOf&& q_of, int n_states, int D, Scratch& s
   w.zsum = take(ns * 8);
   w.tmp = take(std::max<std::size_t>(ns, 16) * Dz);
   w.order = take(Dz);
+  return w;
+}
+
+/// Quantizes the queries of every state (q_of(st): D floats) for key codec C and returns the
+/// block path's working memory (grown in s, never shrunk; may throw std::bad_alloc).
+template <class C, class QueryOf>
+IntBlockMemory int_block_prepare(QueryOf&& q_of, int n_states, int D, Scratch& s) {
+  using namespace int_block_detail;
+  constexpr int G = C::group_size;
+  const int ng = D / G, per_batch = std::min(ng, 4), batches = (ng + 3) / 4;
+  const auto Dz = static_cast<std::size_t>(D), nb = static_cast<std::size_t>(batches);
+  IntBlockMemory w = int_block_memory(n_states, D, batches, s);
   for (int st = 0; st < n_states; ++st) {
     const float* q = q_of(st);
     std::int16_t* q16 = w.q16 + static_cast<std::size_t>(st) * Dz;
@@ -356,6 +365,46 @@ void block_values_folded(const IntBlockMemory& w, int n_states, const std::byte*
 
 }  // namespace int_block_detail
 
+/// P·V of tokens [t0, t0 + n) of a block with the weights block_softmax left in w.scores:
+/// acc_st = acc_st * ratio_st + Σ_t p_st,t x̂_t, INT4/INT8 values (int_block_value) folded,
+/// others decoded with Isa::decode_row and accumulated with Isa::accumulate.
+template <class Isa, class VC, int D>
+void block_values(const IntBlockMemory& w, int n_states, const std::byte* data, const BlockLayout& L, int t0, int n,
+                  float* acc) {
+  using namespace int_block_detail;
+  const auto tz = static_cast<std::size_t>(t0);
+  const std::byte* vcodes = data + L.v_codes + tz * L.v_row;
+  const std::byte* vmeta = data + L.v_meta + tz * L.v_meta_token;
+  if constexpr (int_block_value<VC> && D % VC::group_size == 0) {
+    block_values_folded<VC, D>(w, n_states, vcodes, L.v_row, vmeta, L.v_meta_token, n, acc);
+  } else {
+    for (int st = 0; st < n_states; ++st) Isa::scale(acc + static_cast<std::size_t>(st) * D, D, w.ratio[st]);
+    for (int s0 = 0; s0 < n; s0 += simd::kTile) {
+      const int nt = std::min(simd::kTile, n - s0);
+      for (int t = 0; t < nt; ++t) {
+        const auto tt = static_cast<std::size_t>(s0 + t);
+        Isa::template decode_row<VC>(vcodes + tt * L.v_row, vmeta + tt * L.v_meta_token, D,
+                                     w.tmp + static_cast<std::size_t>(t) * D, w.order);
+      }
+      const std::uint32_t live = (1u << nt) - 1u;
+      for (int st = 0; st < n_states; st += 4) {
+        const int js = std::min(4, n_states - st);
+        float* ap[4];
+        const float* pp[4];
+        for (int j = 0; j < 4; ++j) {
+          const int sj = st + std::min(j, js - 1);
+          ap[j] = acc + static_cast<std::size_t>(sj) * D;
+          pp[j] = w.scores + sj * kBlockChunk + s0;
+        }
+        if (js == 4) Isa::template accumulate<D, 4>(ap, pp, w.tmp, D, nt, live, D);
+        else if (js == 3) Isa::template accumulate<D, 3>(ap, pp, w.tmp, D, nt, live, D);
+        else if (js == 2) Isa::template accumulate<D, 2>(ap, pp, w.tmp, D, nt, live, D);
+        else Isa::template accumulate<D, 1>(ap, pp, w.tmp, D, nt, live, D);
+      }
+    }
+  }
+}
+
 /// Attends every state to the `count` tokens of one block (layout L, payload `data`) that all of
 /// them see in full, `bias` (null or `count` floats) added to the scaled logits, updating the online-softmax state m, l (per state) and the normalized
 /// accumulator acc ([n_states][D], element order) in place. Keys: int_block_key<KC>; values: any
@@ -378,36 +427,7 @@ bool int_block_attend(const IntBlockMemory& w, int n_states, const std::byte* da
       for (int st = 0; st < n_states; ++st)
         for (int t = 0; t < n; ++t) w.scores[st * kBlockChunk + t] += bias[t0 + t];
     overflow |= block_softmax(w, n_states, n, m, l);
-    const std::byte* vcodes = data + L.v_codes + tz * L.v_row;
-    const std::byte* vmeta = data + L.v_meta + tz * L.v_meta_token;
-    if constexpr (int_block_value<VC> && D % VC::group_size == 0) {
-      block_values_folded<VC, D>(w, n_states, vcodes, L.v_row, vmeta, L.v_meta_token, n, acc);
-    } else {
-      for (int st = 0; st < n_states; ++st) Isa::scale(acc + static_cast<std::size_t>(st) * D, D, w.ratio[st]);
-      for (int s0 = 0; s0 < n; s0 += simd::kTile) {
-        const int nt = std::min(simd::kTile, n - s0);
-        for (int t = 0; t < nt; ++t) {
-          const auto tt = static_cast<std::size_t>(s0 + t);
-          Isa::template decode_row<VC>(vcodes + tt * L.v_row, vmeta + tt * L.v_meta_token, D,
-                                       w.tmp + static_cast<std::size_t>(t) * D, w.order);
-        }
-        const std::uint32_t live = (1u << nt) - 1u;
-        for (int st = 0; st < n_states; st += 4) {
-          const int js = std::min(4, n_states - st);
-          float* ap[4];
-          const float* pp[4];
-          for (int j = 0; j < 4; ++j) {
-            const int sj = st + std::min(j, js - 1);
-            ap[j] = acc + static_cast<std::size_t>(sj) * D;
-            pp[j] = w.scores + sj * kBlockChunk + s0;
-          }
-          if (js == 4) Isa::template accumulate<D, 4>(ap, pp, w.tmp, D, nt, live, D);
-          else if (js == 3) Isa::template accumulate<D, 3>(ap, pp, w.tmp, D, nt, live, D);
-          else if (js == 2) Isa::template accumulate<D, 2>(ap, pp, w.tmp, D, nt, live, D);
-          else Isa::template accumulate<D, 1>(ap, pp, w.tmp, D, nt, live, D);
-        }
-      }
-    }
+    block_values<Isa, VC, D>(w, n_states, data, L, t0, n, acc);
   }
   return overflow;
 }

@@ -56,6 +56,8 @@ struct Isa {
   static constexpr bool int_dot_value = false;  // integer P·V: not yet on NEON
   template <class C>
   static constexpr bool int_block = false;  // whole-block integer path (kernels/avx2/int_block.hpp): not yet on NEON
+  template <class C>
+  static constexpr bool channel_block = false;  // per-channel block path (kernels/avx2/channel_block.hpp): not yet on NEON
   template <int DT, int JS, int KS>
   static void score(const float* const* q, const float* k, std::int64_t ks, int n, int D, float scale, float* out,
                     std::int64_t os) noexcept {
