@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kvpack/eviction/hook.hpp"
+#include "kvpack/eviction/lowest_score.hpp"
 
 namespace kvpack::eviction {
 
@@ -66,15 +67,7 @@ class TokenBudgetHook : public HookDefaults {
   /// The live slot of `H` with the lowest score among tokens in [P::sink_tokens, recent_from);
   /// ties evict the oldest token. -1 when there is none.
   [[nodiscard]] static std::int64_t lowest_score(const HeadStore& H, std::int64_t recent_from) noexcept {
-    std::int64_t victim = -1;
-    for (std::size_t s = 0; s < H.slot_token.size(); ++s) {
-      const std::int32_t tok = H.slot_token[s];
-      if (tok < P::sink_tokens || tok >= recent_from) continue;  // free, sink or recent
-      const auto v = static_cast<std::size_t>(victim);
-      if (victim < 0 || H.slot_score[s] < H.slot_score[v] || (H.slot_score[s] == H.slot_score[v] && tok < H.slot_token[v]))
-        victim = static_cast<std::int64_t>(s);
-    }
-    return victim;
+    return eviction::lowest_score(H.slot_token, H.slot_score, P::sink_tokens, recent_from);
   }
 
   std::int64_t budget_ = 0;  // tokens per (layer, KV head)
