@@ -141,7 +141,10 @@ void run_case(const Case& c) {
       const std::vector<double> vr(ev.begin() + static_cast<std::ptrdiff_t>(r * estride + static_cast<std::size_t>(h * D)),
                                    ev.begin() + static_cast<std::ptrdiff_t>(r * estride + static_cast<std::size_t>((h + 1) * D)));
       ks.push_back(rot64(kr.data(), D, sg, false));
-      vs.push_back(rv ? rot64(vr.data(), D, sg, false) : vr);
+      // if/else, not ?: copying a vector from either branch: GCC 12 -O3 warns
+      // -Wfree-nonheap-object on the conditional copy (a false positive).
+      if (rv) vs.push_back(rot64(vr.data(), D, sg, false));
+      else vs.push_back(vr);
     }
     for (int j = 0; j < c.group; ++j) {
       const std::vector<double> qd(q.begin() + (h * c.group + j) * D, q.begin() + (h * c.group + j + 1) * D);
@@ -161,7 +164,8 @@ void run_case(const Case& c) {
       }
       if (l > 0)
         for (double& x : o) x /= l;
-      const std::vector<double> back = rv && l > 0 ? rot64(o.data(), D, sg, true) : o;
+      std::vector<double> back = o;
+      if (rv && l > 0) back = rot64(o.data(), D, sg, true);
       std::copy(back.begin(), back.end(), ref.begin() + (h * c.group + j) * D);
     }
   }

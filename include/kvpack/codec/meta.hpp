@@ -83,7 +83,8 @@ inline constexpr float meta_max = std::is_same_v<Meta, MetaF16> ? kFp16Max : kF3
 #if KVPACK_HAS_AVX2 && !defined(__CUDA_ARCH__)
 template <int Mode>
 [[nodiscard]] inline float f16c_round(float f) noexcept {
-  return _cvtsh_ss(static_cast<unsigned short>(_cvtss_sh(f, Mode)));
+  // _mm_cvtps_ph, not _cvtss_sh: clang's _cvtss_sh macro is a compound literal (-Wpedantic).
+  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(f), Mode)));
 }
 #endif
 
@@ -116,8 +117,10 @@ template <class Meta>
 KVPACK_HOST_DEVICE inline void store_meta(float v, std::byte* dst) noexcept {
   if constexpr (std::is_same_v<Meta, MetaF16>) {
 #if KVPACK_HAS_AVX2 && !defined(__CUDA_ARCH__)
-    const std::uint16_t h = (v <= kFp16Max && v >= -kFp16Max) ? static_cast<std::uint16_t>(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT))
-                                                             : fp16_from_float(v);
+    const std::uint16_t h =
+        (v <= kFp16Max && v >= -kFp16Max)
+            ? static_cast<std::uint16_t>(_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(v), _MM_FROUND_TO_NEAREST_INT), 0))
+            : fp16_from_float(v);
 #else
     const std::uint16_t h = fp16_from_float(v);
 #endif
