@@ -118,26 +118,19 @@ void attend_tiled(const AttendArgs& a_in, const HeadSegments& seg, const BlockLa
       for (int st = 0; st < n_states; ++st) Isa::template quantize_query<KC>(q_of(st), D, st, qq);
   }
 
-  // Blocks every state sees in full, with no slot mask or key_mass: an Isa may
-  // attend them whole (Isa::int_block<KC>, e.g. kernels/avx2/int_block.hpp).
+  // Blocks every state sees in full, with no slot mask or key_mass: an Isa may attend them
+  // whole (Isa::int_block<KC>, e.g. kernels/avx2/int_block.hpp; per-channel keys:
+  // Isa::channel_block<KC>, kernels/avx2/channel_block.hpp).
   constexpr bool kIntBlock = DT > 0 && DT % KC::group_size == 0 && !KPerChannel && Isa::template int_block<KC>;
+  constexpr bool kChannelBlock = DT > 0 && KPerChannel && Isa::template channel_block<KC>;
   bool int_block_ready = false;
   [[maybe_unused]] auto int_block_mem = [] {
     if constexpr (kIntBlock) return typename Isa::IntBlockMemory{};
+    else if constexpr (kChannelBlock) return typename Isa::ChannelBlockMemory{};
     else return 0;
   }();
   [[maybe_unused]] const bool int_block_usable = [&] {
-    if constexpr (kIntBlock) return !a.key_mass && !a.rope && n_states <= Isa::int_block_max_states;
-    else return false;
-  }();
-  // The same for per-channel keys (Isa::channel_block<KC>, e.g. kernels/avx2/channel_block.hpp).
-  constexpr bool kChannelBlock = DT > 0 && KPerChannel && Isa::template channel_block<KC>;
-  [[maybe_unused]] auto channel_block_mem = [] {
-    if constexpr (kChannelBlock) return typename Isa::ChannelBlockMemory{};
-    else return 0;
-  }();
-  [[maybe_unused]] const bool channel_block_usable = [&] {
-    if constexpr (kChannelBlock) return !a.key_mass && !a.rope && n_states <= Isa::int_block_max_states;
+    if constexpr (kIntBlock || kChannelBlock) return !a.key_mass && !a.rope && n_states <= Isa::int_block_max_states;
     else return false;
   }();
 
@@ -278,11 +271,11 @@ void attend_tiled(const AttendArgs& a_in, const HeadSegments& seg, const BlockLa
       }
     }
     if constexpr (kChannelBlock) {
-      if (channel_block_usable && !b.valid && b.first + b.count - 1 <= a.q_first) {
-        if (!int_block_ready) channel_block_mem = Isa::channel_block_prepare(q_of, n_states, D, s);
+      if (int_block_usable && !b.valid && b.first + b.count - 1 <= a.q_first) {
+        if (!int_block_ready) int_block_mem = Isa::channel_block_prepare(q_of, n_states, D, s);
         int_block_ready = true;
         logit_overflow |= Isa::template channel_block_attend<KC, VC, DT>(
-            channel_block_mem, n_states, b.data, L, b.count, a.scale, a.bias ? a.bias + b.first : nullptr, s.m.data(),
+            int_block_mem, n_states, b.data, L, b.count, a.scale, a.bias ? a.bias + b.first : nullptr, s.m.data(),
             s.l.data(), s.acc.data(), i + 1 < seg.blocks.size() ? seg.blocks[i + 1].data : nullptr);
         continue;
       }

@@ -32,6 +32,7 @@
 #include <limits>
 
 #include "kvpack/kernels/avx2/codes.hpp"
+#include "kvpack/kernels/avx2/encode.hpp"
 #include "kvpack/kernels/avx2/channel_block.hpp"
 #include "kvpack/kernels/avx2/int_block.hpp"
 #include "kvpack/kernels/avx2/int_dot.hpp"

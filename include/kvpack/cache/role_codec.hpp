@@ -33,7 +33,7 @@ struct RoleRegion {
 };
 
 /// Encodes one per-token row of n values with the backend's quantizer: the AVX2 / NEON integer
-/// quantizers (kernels/*/codes.hpp, bit-identical to encode_row, tested in
+/// quantizers (kernels/avx2/encode.hpp, kernels/neon/codes.hpp, bit-identical to encode_row, tested in
 /// tests/test_cache_simd_encode.cpp) where the backend has one, else the scalar encode_row.
 template <class BackendTag, KvCodec C>
 void encode_row_on(const float* x, int n, std::byte* codes, std::byte* meta) noexcept {
@@ -53,7 +53,7 @@ void encode_row_on(const float* x, int n, std::byte* codes, std::byte* meta) noe
 }
 
 /// Encodes one per-channel group of G = C::group_size token rows (as encode_channels) with the
-/// backend's quantizer: the AVX2 one (kernels/avx2/codes.hpp, bit-identical) on that backend for
+/// backend's quantizer: the AVX2 one (kernels/avx2/encode.hpp, bit-identical) on that backend for
 /// the integer codecs, else the scalar encode_channels.
 template <class BackendTag, KvCodec C>
 void encode_channels_on(const float* x, std::ptrdiff_t x_stride, int n, std::byte* codes, std::size_t code_row_bytes,
