@@ -38,7 +38,11 @@ void memory_case(benchmark::State& st, BenchShape s) {
   double blocks = 0;
   for (int h = 0; h < s.kv_heads; ++h) blocks += static_cast<double>(c->blocks(0, h).size());
   const double fp_rows = fp_tokens * (kv * D * 2 * sizeof(float) + sizeof(std::int32_t));
-  const double overhead = q * kv * sizeof(std::int32_t) + blocks * sizeof(kvpack::BlockHeader);
+  // Positions: an int32 per token and KV head in slot-position caches (eviction, PreRope), else
+  // the layer's runs of consecutive positions (KVCache::slot_positions).
+  double positions = q * kv * sizeof(std::int32_t);
+  if constexpr (!Cache::slot_positions) positions = static_cast<double>(c->block_positions(0).held_bytes());
+  const double overhead = positions + blocks * sizeof(kvpack::BlockHeader);
   const double payload = static_cast<double>(total) - fp_rows - overhead;
   const double analytic = q * kv * D * (Cache::key_bits_per_value + Cache::value_bits_per_value) / 8;
   if (std::abs(payload - analytic) > 1e-6) {

@@ -155,7 +155,7 @@ void decode(benchmark::State& state, double budget_fraction) {
   typename Cache::offload_options o{};
   if constexpr (Cache::offloads) {
     const std::size_t block = kvpack::make_block_layout<typename Cache::key_codec, typename Cache::value_codec, false>(
-                                  Cache::block_tokens, kDecHeadDim)
+                                  Cache::block_tokens, kDecHeadDim, Cache::slot_positions)
                                   .bytes;
     const std::size_t total = std::size_t{kDecLayers} * kDecKvHeads *
                               static_cast<std::size_t>((kDecCtx + Cache::block_tokens - 1) / Cache::block_tokens) * block;

@@ -75,7 +75,10 @@ Status run_op(Cache& c, const Op& op, std::vector<float>& out, bool arm) {
   const size_t row = static_cast<size_t>(kShape.kv_heads) * kShape.head_dim, qrow = static_cast<size_t>(kShape.q_heads) * kShape.head_dim;
   if (op.append) {
     const auto k = kvtest::normal(static_cast<size_t>(op.n) * row, op.seed), v = kvtest::normal(k.size(), op.seed + 1000);
-    const auto pos = kvtest::iota_positions(c.tokens(op.layer), op.n);
+    // Positions jump at every append and halfway through it, so that caches keeping positions
+    // as runs (KVCache::slot_positions false) grow their run lists inside the append too.
+    auto pos = kvtest::iota_positions(3 * c.tokens(op.layer), op.n);
+    for (size_t i = pos.size() / 2; i < pos.size(); ++i) pos[i] += 1000;
     Arm a(arm);
     return c.append(op.layer, k, v, pos);
   }

@@ -10,6 +10,8 @@
 //  * delta intervals cost exactly keyframe - delta row bytes more each (all delta: 9312 again);
 //  * every committed block is allocated at BlockLayout::at(flags).bytes (allocated_bytes sees it).
 // On the scalar kernel and the build's SIMD backend (Backend<Auto>: AVX2, NEON).
+// Since issue 20 these caches store no per-slot positions (KVCache::slot_positions): every figure
+// above is 4 bytes per token lower and holds one 16-byte position run instead (kPositions).
 #include <gtest/gtest.h>
 
 #include <random>
@@ -26,6 +28,8 @@ using namespace kvpack;  // NOLINT: test file
 constexpr int D = 64, N = 96, I = 8;
 using Kf = Keyframe<I, Int4<>, Fp16>;
 const ModelShape kShape{.layers = 1, .q_heads = 1, .kv_heads = 1, .head_dim = D, .max_tokens = 256};
+// The issue's figures counted an int32 position per token; now one run holds all N positions.
+constexpr size_t kPositions = sizeof(PositionRuns::Run) - 4 * size_t{N};
 
 template <class B>
 class KeyframeBytes : public ::testing::Test {};
@@ -70,8 +74,8 @@ TYPED_TEST(KeyframeBytes, AllPlainIntervalsCostThePlainCodec) {
   ASSERT_EQ(kf.blocks(0, 0).size(), static_cast<size_t>(N / I));
   for (const Block& b : kf.blocks(0, 0)) ASSERT_EQ(b.header.flags & 2u, 0u) << "N(0,1) keys: every interval plain";
 
-  EXPECT_EQ(plain64.memory_bytes(), 8096u);
-  EXPECT_EQ(plain8.memory_bytes(), 8096u + 10 * sizeof(BlockHeader));
+  EXPECT_EQ(plain64.memory_bytes(), 8096u + kPositions);
+  EXPECT_EQ(plain8.memory_bytes(), 8096u + kPositions + 10 * sizeof(BlockHeader));
   EXPECT_EQ(kf.memory_bytes(), plain8.memory_bytes()) << "was 9312: the fp16 keyframe paid in every plain interval";
   // A plain interval is the plain codec: same reconstruction, 5.0 bits per key value measured.
   EXPECT_EQ(kf.read_back(0, 0)->k, plain8.read_back(0, 0)->k);
@@ -80,16 +84,16 @@ TYPED_TEST(KeyframeBytes, AllPlainIntervalsCostThePlainCodec) {
   EXPECT_DOUBLE_EQ(sb.key_bits_per_value, 5.0);
   EXPECT_DOUBLE_EQ(sb.value_bits_per_value, 5.0);
   EXPECT_DOUBLE_EQ(plain8.stored_bits().key_bits_per_value, 5.0);
-  // Allocated at the plain size too: 8 K rows + 8 V rows of 40 bytes + 8 positions per block.
-  for (const Block& b : kf.blocks(0, 0)) EXPECT_EQ(b.bytes, 8 * 40 + 8 * 40 + 8 * 4u);
-  EXPECT_EQ(kf.block_layout().at(0).bytes, 672u);
+  // Allocated at the plain size too: 8 K rows + 8 V rows of 40 bytes per block.
+  for (const Block& b : kf.blocks(0, 0)) EXPECT_EQ(b.bytes, 8 * 40 + 8 * 40u);
+  EXPECT_EQ(kf.block_layout().at(0).bytes, 640u);
 }
 
 TYPED_TEST(KeyframeBytes, DeltaIntervalsCostKeyframePlusDeltas) {
   using KfCache = KVCache<Keys<Kf>, Values<Int4<>>, TypeParam>;
   const size_t extra = Kf::keyframe_bytes(D) - Kf::delta_bytes(D);  // 128 - 40 bytes per delta interval
   const auto v = kvtest::normal(static_cast<size_t>(N) * D, 2);
-  const size_t plain_bytes = 8096u + 10 * sizeof(BlockHeader);
+  const size_t plain_bytes = 8096u + kPositions + 10 * sizeof(BlockHeader);
   for (int pattern = 0; pattern < 3; ++pattern) {  // all delta, every other interval, the first three
     auto smooth = [pattern](int i) { return pattern == 0 || (pattern == 1 ? i % 2 == 0 : i < 3); };
     const auto c = filled<KfCache>(keys(smooth), v);
@@ -101,12 +105,12 @@ TYPED_TEST(KeyframeBytes, DeltaIntervalsCostKeyframePlusDeltas) {
       EXPECT_EQ(delta, smooth(static_cast<int>(i))) << "pattern " << pattern << " interval " << i;
       n_delta += delta;
       EXPECT_EQ(blocks[i].bytes, c.block_layout().at(blocks[i].header.flags).bytes);
-      EXPECT_EQ(blocks[i].bytes, 672u + (delta ? extra : 0));
+      EXPECT_EQ(blocks[i].bytes, 640u + (delta ? extra : 0));
       allocated += blocks[i].bytes;
     }
     EXPECT_EQ(c.memory_bytes(), plain_bytes + n_delta * extra) << "pattern " << pattern;
     if (pattern == 0) {
-      EXPECT_EQ(c.memory_bytes(), 9312u);  // keyframe + 7 deltas in every interval
+      EXPECT_EQ(c.memory_bytes(), 9312u + kPositions);  // keyframe + 7 deltas in every interval
     }
     EXPECT_GE(c.allocated_bytes(), allocated);
     const StoredBits sb = c.stored_bits();

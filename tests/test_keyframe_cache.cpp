@@ -180,12 +180,13 @@ TEST(KeyframeCache, MemoryBytesAnalytic) {
     ASSERT_TRUE(c->append(0, smooth ? smooth_tokens(0, n, 2, 1) : kvtest::normal(n * 2 * kD, 1),
                           smooth ? smooth_tokens(0, n, 2, 2) : kvtest::normal(n * 2 * kD, 2), kvtest::iota_positions(0, n)));
     const size_t interval = KfA::interval_bytes(kD, smooth);  // delta 128 + 63 * 40, plain 64 * 40
-    const size_t per_block = 2 * interval + 64 * 4 + sizeof(BlockHeader);  // K and V streams, positions
+    const size_t per_block = 2 * interval + sizeof(BlockHeader);  // K and V streams (no slot positions)
     const size_t blocks = 2 /*kv heads*/ * 2 /*full intervals*/;
     const size_t pending = 10 * (2 * kD * 2 * 4 + 4);
+    static_assert(!CacheA::slot_positions);  // the layer keeps them: one run of consecutive positions
     for (int h = 0; h < 2; ++h)
       for (const Block& b : c->blocks(0, h)) ASSERT_EQ(b.header.flags, smooth ? 6 : 0);
-    EXPECT_EQ(c->memory_bytes(), blocks * per_block + pending);
+    EXPECT_EQ(c->memory_bytes(), blocks * per_block + pending + sizeof(PositionRuns::Run));
     const StoredBits sb = c->stored_bits();
     EXPECT_EQ(sb.values, 2 * 2 * 64 * kD);
     EXPECT_DOUBLE_EQ(sb.key_bits_per_value, smooth ? KfA::delta_bits_per_value : 5.0);

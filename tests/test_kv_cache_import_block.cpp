@@ -24,7 +24,8 @@ kvpack::ModelShape import_shape() {
   return s;
 }
 
-void import_fill(ImportCache& c, int from, int n) {
+template <class Cache>
+void import_fill(Cache& c, int from, int n) {
   const auto& s = c.shape();
   const std::size_t row = static_cast<std::size_t>(s.kv_heads * s.head_dim);
   std::vector<float> k(static_cast<std::size_t>(n) * row), v(k.size());
@@ -39,7 +40,8 @@ void import_fill(ImportCache& c, int from, int n) {
   }
 }
 
-std::vector<std::byte> import_payloads(const ImportCache& c, int layer, std::size_t block) {
+template <class Cache>
+std::vector<std::byte> import_payloads(const Cache& c, int layer, std::size_t block) {
   const std::size_t bytes = c.block_layout().bytes;
   std::vector<std::byte> p(bytes * static_cast<std::size_t>(c.shape().kv_heads));
   for (int h = 0; h < c.shape().kv_heads; ++h)
@@ -74,10 +76,6 @@ TEST(KvCacheImportBlock, MisuseIsAnErrorAndChangesNothing) {
   ImportCache b = ImportCache::create(import_shape()).value();
   EXPECT_EQ(b.import_block(2, good).error().code, kvpack::Errc::invalid_argument);
   EXPECT_EQ(b.import_block(0, std::span(good).first(good.size() - 1)).error().code, kvpack::Errc::invalid_argument);
-  auto negative = good;
-  const std::int32_t minus = -1;
-  std::memcpy(negative.data() + b.block_layout().positions, &minus, sizeof minus);
-  EXPECT_EQ(b.import_block(0, negative).error().code, kvpack::Errc::invalid_argument);
   EXPECT_EQ(b.tokens(0), 0);
   import_fill(b, 0, 5);  // a partial block: import would leave a gap
   EXPECT_EQ(b.import_block(0, good).error().code, kvpack::Errc::invalid_argument);
@@ -90,6 +88,41 @@ TEST(KvCacheImportBlock, MisuseIsAnErrorAndChangesNothing) {
   ImportCache full = ImportCache::create(import_shape()).value();
   for (int i = 0; i < 8; ++i) ASSERT_TRUE(full.import_block(0, good));
   EXPECT_EQ(full.import_block(0, good).error().code, kvpack::Errc::capacity_exceeded);
+}
+
+// Without eviction or PreRope the payload stores no positions (KVCache::slot_positions): the
+// imported tokens take their cache indices, which is what a shared prefix holds.
+TEST(KvCacheImportBlock, PayloadWithoutPositionsImportsIndices) {
+  static_assert(!ImportCache::slot_positions);
+  ImportCache a = ImportCache::create(import_shape()).value();
+  import_fill(a, 0, 64);
+  ImportCache b = ImportCache::create(import_shape()).value();
+  for (std::size_t blk = 0; blk < 2; ++blk) ASSERT_TRUE(b.import_block(0, import_payloads(a, 0, blk)));
+  EXPECT_EQ(b.block_layout().pos_bytes, 0u);
+  EXPECT_EQ(b.block_positions(0).size(), 64);
+  EXPECT_EQ(b.block_positions(0).runs().size(), 1u);
+  const auto rb = b.read_back(0, 1).value();
+  ASSERT_EQ(rb.positions.size(), 64u);
+  for (int t = 0; t < 64; ++t) EXPECT_EQ(rb.positions[static_cast<std::size_t>(t)], t);
+}
+
+// A PreRope cache's payload stores each slot's position (its kernel rotates keys at them): a
+// negative one is refused and changes nothing.
+TEST(KvCacheImportBlock, NegativeStoredPositionIsRefused) {
+  using Rope = kvpack::KVCache<kvpack::Keys<kvpack::Int4<kvpack::Group<32>>>, kvpack::Values<kvpack::Int4<kvpack::Group<32>>>,
+                               kvpack::Blocks<32>, kvpack::PreRope<>>;
+  static_assert(Rope::slot_positions);
+  Rope a = Rope::create(import_shape()).value();
+  import_fill(a, 0, 32);
+  auto negative = import_payloads(a, 0, 0);
+  ASSERT_EQ(a.block_layout().pos_bytes, sizeof(std::int32_t));
+  Rope b = Rope::create(import_shape()).value();
+  ASSERT_TRUE(b.import_block(0, negative));  // as exported: accepted
+  Rope c = Rope::create(import_shape()).value();
+  const std::int32_t minus = -1;
+  std::memcpy(negative.data() + c.block_layout().positions, &minus, sizeof minus);
+  EXPECT_EQ(c.import_block(0, negative).error().code, kvpack::Errc::invalid_argument);
+  EXPECT_EQ(c.tokens(0), 0);
 }
 
 }  // namespace

@@ -29,14 +29,16 @@ TYPED_TEST(Memory, MatchesAnalyticSize) {
       for (int l = 0; l < 2; ++l) ASSERT_TRUE(c.append(l, k, k, kvtest::iota_positions(t, n)));
       t += n;
     }
-    // Analytic: quantized tokens at the codecs' bits/value, pending tokens at fp32, 4 bytes of
-    // position per token and KV head, 16 bytes of header per block.
+    // Analytic: quantized tokens at the codecs' bits/value, pending tokens at fp32, 16 bytes of
+    // header per block, and the positions: 4 bytes per token and KV head in slot-position caches,
+    // else one run per layer (consecutive positions).
     const double q = static_cast<double>(c.quantized_tokens(0));
     const double pending = static_cast<double>(t) - q;
     const double values_per_token = 2.0 * 64;  // kv_heads x head_dim
     const double blocks = std::ceil(q / TypeParam::block_tokens) * 2;
     double per_layer = q * values_per_token * (TypeParam::key_bits_per_value + TypeParam::value_bits_per_value) / 8 +
-                       pending * (values_per_token * 8 + 4) + q * 2 * 4 + blocks * sizeof(BlockHeader);
+                       pending * (values_per_token * 8 + 4) + blocks * sizeof(BlockHeader) +
+                       (TypeParam::slot_positions ? q * 2 * 4 : (q > 0 ? sizeof(PositionRuns::Run) : 0));
     const double analytic = 2 * per_layer;
     const double measured = static_cast<double>(c.memory_bytes());
     EXPECT_NEAR(measured / analytic, 1.0, 0.01) << "tokens " << t;

@@ -104,7 +104,7 @@ TEST(OffloadCache, FileTierBudgetZeroIsBitIdentical) {
 TEST(OffloadCache, FileTierQuarterBudgetBackgroundIsBitIdentical) {
   TempDir dir;
   // ~25 % of the final block bytes: 5 layers x 3 heads x 14 blocks of 16 tokens.
-  const std::size_t block = kvpack::make_block_layout<Int4<Group<32>>, Int4<Group<32>>, false>(16, 32).bytes;
+  const std::size_t block = kvpack::make_block_layout<Int4<Group<32>>, Int4<Group<32>>, false>(16, 32, false).bytes;  // no eviction: no slot positions
   const uint64_t budget = 5 * 3 * 14 * block / 4;
   const auto m = expect_identical<Resident4, File4>(file_options(dir, budget, true), odd_chunks(40));
   EXPECT_GT(m.store.offloads, 0u);
@@ -211,7 +211,7 @@ TEST(OffloadCache, PlacementResidentLayersAndRecentBlocks) {
 
 TEST(OffloadCache, BudgetIsKeptAfterFlush) {
   TempDir dir;
-  const std::size_t block = kvpack::make_block_layout<Int4<Group<32>>, Int4<Group<32>>, false>(16, 32).bytes;
+  const std::size_t block = kvpack::make_block_layout<Int4<Group<32>>, Int4<Group<32>>, false>(16, 32, false).bytes;  // no eviction: no slot positions
   for (uint64_t budget_blocks : {0u, 15u, 30u, 80u}) {
     ko::OffloadOptions o = file_options(dir, budget_blocks * block, false);
     File4 c = make<File4>(o);
@@ -322,7 +322,7 @@ TEST(OffloadCache, PrefetchHintIsCountedAsHits) {
 TEST(OffloadCache, AsyncDecodeUnderPrefetchIsBitIdentical) {
   // The worker writes behind and prefetches while attend pins and reads: the TSan stage runs it.
   TempDir dir;
-  const std::size_t block = kvpack::make_block_layout<Int4<Group<32>>, Int4<Group<32>>, false>(16, 32).bytes;
+  const std::size_t block = kvpack::make_block_layout<Int4<Group<32>>, Int4<Group<32>>, false>(16, 32, false).bytes;  // no eviction: no slot positions
   ko::OffloadOptions o = file_options(dir, 40 * block, true);
   o.queue_capacity = 4;
   const auto m = expect_identical<Resident4, HostFile4>(o, odd_chunks(120));

@@ -19,7 +19,8 @@ using ko::testing::TempDir;
 namespace {
 
 // Decodes one block payload (kvpack::BlockLayout offsets, codecs' own row decoders) into
-// K and V rows [count][head_dim] and positions [count].
+// K and V rows [count][head_dim] and positions [count] (zeros when the payload stores none:
+// L.pos_bytes 0, KVCache::slot_positions).
 template <class Cache>
 void decode_payload(const kvpack::BlockLayout& L, std::span<const std::byte> d, int count, std::vector<float>& k,
                     std::vector<float>& v, std::vector<int32_t>& pos) {
@@ -41,7 +42,7 @@ void decode_payload(const kvpack::BlockLayout& L, std::span<const std::byte> d, 
     }
     kvpack::decode_row<VC>(d.data() + L.v_codes + ts * L.v_row, d.data() + L.v_meta + ts * L.v_meta_token, D,
                            v.data() + ts * static_cast<std::size_t>(D));
-    std::memcpy(&pos[ts], d.data() + L.positions + ts * sizeof(int32_t), sizeof(int32_t));
+    if (L.pos_bytes) std::memcpy(&pos[ts], d.data() + L.positions + ts * sizeof(int32_t), sizeof(int32_t));
   }
 }
 
@@ -127,7 +128,11 @@ TYPED_TEST(OffloadC2, ConstantGroupsExactBeforeAndAfterOffload) {
       std::vector<int32_t> pos;
       decode_payload<Cache>(BL, got->bytes(), got->token_count(), k, v, pos);
       for (int t = 0; t < T; ++t) {
-        ASSERT_EQ(pos[static_cast<std::size_t>(t)], t);
+        const std::int32_t want_pos = BL.pos_bytes ? t : 0;
+        ASSERT_EQ(pos[static_cast<std::size_t>(t)], want_pos);
+        if constexpr (!Cache::slot_positions) {
+          ASSERT_EQ(cache.block_positions(l).at(t), t);
+        }
         for (int c = 0; c < D; ++c) {
           ASSERT_EQ(k[static_cast<std::size_t>(t * D + c)], expect_k(l, h, c)) << "t " << t << " c " << c;
           ASSERT_EQ(v[static_cast<std::size_t>(t * D + c)], expect_v(l, h, c)) << "t " << t << " c " << c;
@@ -173,7 +178,9 @@ TEST(OffloadC11Real, Int4BlocksRoundTripThroughTiers) {
     const auto ref = cache.read_back(0, h).value();
     EXPECT_EQ(rk, ref.k);
     EXPECT_EQ(rv, ref.v);
-    EXPECT_EQ(rpos, ref.positions);
+    EXPECT_EQ(cache.block_layout().pos_bytes, 0u);  // positions stay with the cache, not the record
+    EXPECT_EQ(rpos, std::vector<int32_t>(T, 0));
+    EXPECT_EQ(ref.positions, pos);  // 1000, 1001, ...: from the cache's runs
   }
 }
 

@@ -40,17 +40,17 @@ std::vector<ko::Aead> aeads() {
 // ---- header ------------------------------------------------------------------------------------
 
 TEST(OffloadHeader, KnownAnswerBytes) {
-  const auto h = ko::RecordHeader::make(c11_layout(), ko::Aead::xchacha20poly1305, 33, 10496).serialize();
+  const auto h = ko::RecordHeader::make(c11_layout(), ko::Aead::xchacha20poly1305, 33, 10240).serialize();
   // 'KVPB', version 1, aead 1, flags 0, codec 0x04520452, k_bits 4, v_bits 4, k_group 32,
-  // v_group 32, head_dim 128, tokens 64, count 33, payload 10496 = 0x2900, 4 reserved zero bytes.
+  // v_group 32, head_dim 128, tokens 64, count 33, payload 10240 = 0x2800, 4 reserved zero bytes.
   const std::vector<int> want{'K', 'V', 'P', 'B', 1, 0, 1, 0, 0x52, 0x04, 0x52, 0x04, 4, 4, 32, 0,
-                              32,  0,   128, 0,   64, 0, 33, 0, 0, 0x29, 0, 0, 0, 0, 0, 0};
+                              32,  0,   128, 0,   64, 0, 33, 0, 0, 0x28, 0, 0, 0, 0, 0, 0};
   ASSERT_EQ(h.size(), want.size());
   for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(std::to_integer<int>(h[i]), want[i]) << "byte " << i;
 }
 
 TEST(OffloadHeader, RoundTripAndParseErrors) {
-  const auto hdr = ko::RecordHeader::make(c11_layout(), ko::Aead::aes256gcm, 64, 10496);
+  const auto hdr = ko::RecordHeader::make(c11_layout(), ko::Aead::aes256gcm, 64, 10240);
   auto bytes = hdr.serialize();
   auto back = ko::RecordHeader::parse(bytes);
   ASSERT_TRUE(back);

@@ -133,6 +133,9 @@ class KVCache {
   using store_type = SequenceStore<codec_hook, sink_tokens, residual_tokens, evicts, tier_type>;
   static constexpr bool pre_rope = RopeP::enabled;  ///< PreRope<>: keys and queries arrive before RoPE
   static constexpr bool rope_cache_relative = RopeP::cache_relative;
+  /// Whether block slots store their int32 positions (eviction reuses slots; PreRope's kernel reads
+  /// them); otherwise each layer keeps them once, run-length coded (block_positions()).
+  static constexpr bool slot_positions = evicts || pre_rope;
 
   static_assert(cache_detail::check_policies<
       offloads, evicts, demotes, keys_per_channel, codec_hook::commit_unit, codec_hook::required_block_tokens,
@@ -280,8 +283,9 @@ class KVCache {
   /// Prefix import (include/kvpack/offload/remote_prefix.hpp): appends one full block per KV head
   /// to `layer`, as another cache of this exact type and shape encoded it (blocks(layer, h)[b].data).
   /// payloads: [kv_heads][block_layout().bytes] bytes, KV head 0 first; the block holds tokens
-  /// [tokens(layer), tokens(layer) + block_tokens). Nothing is quantized again, so attention over
-  /// imported blocks is bit-identical to attention in the cache that produced them.
+  /// [tokens(layer), tokens(layer) + block_tokens) (without slot_positions, also as positions).
+  /// Nothing is quantized again, so attention over imported blocks is bit-identical to attention
+  /// in the cache that produced them.
   /// Errc::unsupported for eviction, keyframe, sink or offload caches; Errc::invalid_argument for a
   /// layer out of range, a wrong payload size, a layer holding pending (unquantized) tokens or a
   /// partial block, a negative stored position; Errc::capacity_exceeded past max_tokens. Nothing
@@ -366,6 +370,12 @@ class KVCache {
   [[nodiscard]] auto& offload() noexcept requires(offloads) { return off_; }
   [[nodiscard]] const auto& offload() const noexcept requires(offloads) { return off_; }
   [[nodiscard]] const BlockLayout& block_layout() const noexcept { return store_.layout(); }
+  /// Without slot_positions: positions of `layer`'s quantized tokens (block b, slot t: token
+  /// b * block_tokens + t); an empty list for a layer out of range.
+  [[nodiscard]] const PositionRuns& block_positions(int layer) const noexcept requires(!slot_positions) {
+    static const PositionRuns none;
+    return valid(layer) ? store_.layer(layer).block_pos : none;
+  }
 
   /// The quantized blocks of (layer, kv_head), oldest first. Without eviction, block b holds cache
   /// indices [sinks + b * block_tokens, ...); with eviction, slots are reused (see read_back for
@@ -399,7 +409,7 @@ class KVCache {
   }
 
  private:
-  explicit KVCache(const ModelShape& shape) : store_(shape, block_tokens) { hook_.init(shape), rope_.init(shape); }
+  explicit KVCache(const ModelShape& shape) : store_(shape, block_tokens, slot_positions) { hook_.init(shape), rope_.init(shape); }
 
   // attend() over the executor: one kernel job per KV head, cut into split-K chunks.
   void attend_parallel(int layer, std::span<const float> q, std::span<float> out, std::int64_t n_q, int group) {

@@ -42,7 +42,7 @@ struct DeviceBlocks {
   std::int64_t block_stride = 0;  ///< bytes between consecutive blocks (>= BlockLayout::bytes, 256-aligned)
   int max_blocks = 0;             ///< block slots per KV head
   int words = 0;                  ///< validity words per block, (B + 63) / 64
-  std::int64_t k_codes = 0, k_meta = 0, v_codes = 0, v_meta = 0, positions = 0;  ///< BlockLayout offsets
+  std::int64_t k_codes = 0, k_meta = 0, v_codes = 0, v_meta = 0, positions = 0;  ///< BlockLayout offsets (positions -1: none stored)
   std::int64_t k_row = 0, v_row = 0, k_meta_token = 0, v_meta_token = 0;         ///< bytes per token
 };
 
@@ -126,7 +126,7 @@ inline constexpr int kStatusOk = 0, kStatusNonFinite = 1, kStatusCapacity = 2, k
   d.words = words;
   d.k_codes = static_cast<std::int64_t>(L.k_codes), d.k_meta = static_cast<std::int64_t>(L.k_meta);
   d.v_codes = static_cast<std::int64_t>(L.v_codes), d.v_meta = static_cast<std::int64_t>(L.v_meta);
-  d.positions = static_cast<std::int64_t>(L.positions);
+  d.positions = L.pos_bytes ? static_cast<std::int64_t>(L.positions) : -1;
   d.k_row = static_cast<std::int64_t>(L.k_row), d.v_row = static_cast<std::int64_t>(L.v_row);
   d.k_meta_token = static_cast<std::int64_t>(L.k_meta_token), d.v_meta_token = static_cast<std::int64_t>(L.v_meta_token);
   return d;
@@ -219,12 +219,14 @@ __global__ void append_kernel(const AppendArgs a) {
       quantize_group<DK>(a.k + src + r * DK::group, 1, blk + a.blocks.k_codes + off * a.blocks.k_row + r * DK::group * DK::bits / 8,
                          blk + a.blocks.k_meta + off * a.blocks.k_meta_token + r * DK::meta_bytes);
       if (r == 0) {
-        const auto pos = static_cast<std::uint32_t>(a.positions[t]);
-        std::uint8_t* pp = blk + a.blocks.positions + off * 4;
-        pp[0] = static_cast<std::uint8_t>(pos);
-        pp[1] = static_cast<std::uint8_t>(pos >> 8);
-        pp[2] = static_cast<std::uint8_t>(pos >> 16);
-        pp[3] = static_cast<std::uint8_t>(pos >> 24);
+        if (a.blocks.positions >= 0) {  // the host layout's slot positions (KVCache::slot_positions)
+          const auto pos = static_cast<std::uint32_t>(a.positions[t]);
+          std::uint8_t* pp = blk + a.blocks.positions + off * 4;
+          pp[0] = static_cast<std::uint8_t>(pos);
+          pp[1] = static_cast<std::uint8_t>(pos >> 8);
+          pp[2] = static_cast<std::uint8_t>(pos >> 16);
+          pp[3] = static_cast<std::uint8_t>(pos >> 24);
+        }
         auto* word = reinterpret_cast<unsigned long long*>(a.blocks.valid + bi * a.blocks.words + off / 64);
         atomicOr(word, 1ull << (off % 64));
       }

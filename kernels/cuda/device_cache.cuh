@@ -148,7 +148,7 @@ class DeviceCache {
     c.shape_ = shape;
     c.stream_ = stream;
     c.device_ = device;
-    c.layout_ = make_block_layout<key_codec, value_codec, false>(block_tokens, shape.head_dim);
+    c.layout_ = make_block_layout<key_codec, value_codec, false>(block_tokens, shape.head_dim, HostCache::slot_positions);
     c.stride_ = static_cast<std::int64_t>((c.layout_.bytes + 255) / 256 * 256);
     c.max_blocks_ = static_cast<int>((shape.max_tokens + block_tokens - 1) / block_tokens);
     c.words_ = (block_tokens + 63) / 64;

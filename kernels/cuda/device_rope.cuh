@@ -95,7 +95,7 @@ template <class HostCache>
     return fail(Errc::invalid_argument, "DeviceCache::upload: the host cache's RoPE (rope_base, rope_dims, rope_neox) "
                                         "differs from the device cache's");
   const BlockLayout L = make_block_layout<typename HostCache::key_codec, typename HostCache::value_codec, false>(
-      HostCache::block_tokens, hs.head_dim);
+      HostCache::block_tokens, hs.head_dim, HostCache::slot_positions);
   for (int l = 0; l < hs.layers; ++l)
     for (int h = 0; h < hs.kv_heads; ++h) {
       const std::span<const Block> blocks = host.blocks(l, h);

@@ -118,7 +118,7 @@ std::string remote_outcome_text(const RemoteImportOutcome& o, const ko::RemoteSt
 std::string remote_key_of(const ko::RemotePrefixShare<SynthCache>& share, const std::vector<int32_t>& prompt,
                           const ko::PageCoord& at, const SynthCache& cache, const std::string& model = "synthetic-model") {
   const auto d = ko::prefix_page_digests(model, prompt, 32);
-  const auto k = ko::page_key(d[static_cast<std::size_t>(at.page)], at, ko::layout_for(cache), ko::Aead::xchacha20poly1305);
+  const auto k = ko::page_key(d[static_cast<std::size_t>(at.page)], at, ko::prefix_layout_for(cache), ko::Aead::xchacha20poly1305);
   return share.tier().config().key_prefix + k.hex();
 }
 

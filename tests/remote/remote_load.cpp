@@ -111,7 +111,7 @@ LoadTransportRate transport_rate(const std::string& url) {
   cfg.command_timeout = std::chrono::milliseconds(2000);
   auto tier = ko::RemoteTier::create(cfg).value();
   SynthCache probe = SynthCache::create(kvpack_remote_test::synth_shape()).value();
-  const auto layout = ko::layout_for(probe);
+  const auto layout = ko::prefix_layout_for(probe);
   const auto sealer = ko::PageSealer::create(load_key(), layout).value();
   const auto& s = probe.shape();
   std::vector<std::string> keys;
@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
   auto srv = kvpack_remote_test::RedisServerProcess::start({}, &why);
   if (!srv) return std::fprintf(stderr, "cannot start redis-server: %s\n", why.c_str()), 1;
   SynthCache probe = SynthCache::create(kvpack_remote_test::synth_shape()).value();
-  const std::size_t value_bytes = ko::record_bytes(ko::layout_for(probe).max_payload_bytes);
+  const std::size_t value_bytes = ko::record_bytes(ko::prefix_layout_for(probe).max_payload_bytes);
   const double bench_rps = redis_benchmark_get_rps(srv->socket_path(), value_bytes, 8, 64);
   const double bench_rps1 = redis_benchmark_get_rps(srv->socket_path(), value_bytes, 1, 512);
 

@@ -56,11 +56,11 @@ TEST(RemoteKeyTest, AddressCoversModelCodecLayoutAndWholePrefix) {
   const SynthCache c4 = remote_fresh();
   const auto c8 = kvpack_remote_test::SynthCacheInt8::create(kvpack_remote_test::synth_shape()).value();
   const ko::PageCoord at{1, 0, 2, 0};
-  const auto k = ko::page_key(dp[0], at, ko::layout_for(c4), ko::Aead::xchacha20poly1305);
-  EXPECT_NE(k, ko::page_key(dp[0], at, ko::layout_for(c8), ko::Aead::xchacha20poly1305));
-  EXPECT_NE(k, ko::page_key(dp[0], at, ko::layout_for(c4), ko::Aead::none));
-  EXPECT_NE(k, ko::page_key(dp[0], ko::PageCoord{1, 1, 2, 0}, ko::layout_for(c4), ko::Aead::xchacha20poly1305));
-  EXPECT_NE(k, ko::page_key(dp[0], ko::PageCoord{2, 0, 2, 0}, ko::layout_for(c4), ko::Aead::xchacha20poly1305));
+  const auto k = ko::page_key(dp[0], at, ko::prefix_layout_for(c4), ko::Aead::xchacha20poly1305);
+  EXPECT_NE(k, ko::page_key(dp[0], at, ko::prefix_layout_for(c8), ko::Aead::xchacha20poly1305));
+  EXPECT_NE(k, ko::page_key(dp[0], at, ko::prefix_layout_for(c4), ko::Aead::none));
+  EXPECT_NE(k, ko::page_key(dp[0], ko::PageCoord{1, 1, 2, 0}, ko::prefix_layout_for(c4), ko::Aead::xchacha20poly1305));
+  EXPECT_NE(k, ko::page_key(dp[0], ko::PageCoord{2, 0, 2, 0}, ko::prefix_layout_for(c4), ko::Aead::xchacha20poly1305));
 }
 
 // ---- real server ----------------------------------------------------------------------------
@@ -188,10 +188,10 @@ TEST(RemoteTierTest, EveryBitFlipIsDetected) {
   const std::vector<std::byte> good = remote_raw_get(admin, k);
   ASSERT_EQ(good.size(), share.value_bytes());
   // Every single-bit flip of the sample value, through the same verification the import runs.
-  const auto sealer = ko::PageSealer::create(key, ko::layout_for(a)).value();
-  const auto digest = ko::page_key(ko::prefix_page_digests("synthetic-model", prompt, 32)[3], at, ko::layout_for(a),
+  const auto sealer = ko::PageSealer::create(key, ko::prefix_layout_for(a)).value();
+  const auto digest = ko::page_key(ko::prefix_page_digests("synthetic-model", prompt, 32)[3], at, ko::prefix_layout_for(a),
                                    ko::Aead::xchacha20poly1305);
-  std::vector<std::byte> out(ko::layout_for(a).max_payload_bytes);
+  std::vector<std::byte> out(ko::prefix_layout_for(a).max_payload_bytes);
   ASSERT_TRUE(sealer.open(digest, at, good, out));
   uint64_t detected = 0;
   const uint64_t bits = good.size() * 8;
@@ -259,7 +259,7 @@ TEST(RemoteTierTest, ForeignCodecOrModelUnderForgedKey) {
       for (int h = 0; h < 2; ++h) {
         const ko::PageCoord at{l, h, 2, 0};
         const auto d = ko::prefix_page_digests(source == 0 ? "synthetic-model" : "other-model", prompt, 32)[0];
-        const auto fk = ko::page_key(d, at, source == 0 ? ko::layout_for(c8) : ko::layout_for(a), ko::Aead::xchacha20poly1305);
+        const auto fk = ko::page_key(d, at, source == 0 ? ko::prefix_layout_for(c8) : ko::prefix_layout_for(a), ko::Aead::xchacha20poly1305);
         const auto v = remote_raw_get(admin, tier->config().key_prefix + fk.hex());
         ASSERT_FALSE(v.empty());
         remote_raw_set(admin, remote_key_of(share, prompt, at, a), v);

@@ -75,7 +75,7 @@ TEST(RemotePoolPrefix, PagesAreExchangedWithKVCacheBothWays) {
   auto cshare = ko::RemotePrefixShare<SynthCache>::create(single, *tier, test_key(), kModel).value();
   PoolInt4 a = make_pool<PoolInt4>();
   auto pshare = ko::RemotePoolPrefixShare<PoolInt4>::create(a, *tier, test_key(), kModel).value();
-  EXPECT_EQ(ko::layout_for(a).max_payload_bytes, ko::layout_for(single).max_payload_bytes);
+  EXPECT_EQ(ko::prefix_layout_for(a).max_payload_bytes, ko::prefix_layout_for(single).max_payload_bytes);
   // KVCache publishes, the pool attaches: its pages are the KVCache's blocks.
   EXPECT_EQ(cshare.publish(single, prompt).stored, 5u * 4 * 2);
   const SeqId id = a.create_sequence().value();
@@ -85,8 +85,17 @@ TEST(RemotePoolPrefix, PagesAreExchangedWithKVCacheBothWays) {
       const auto pages = a.pages(id, l, h).value();
       const auto blocks = single.blocks(l, h);
       ASSERT_EQ(pages.size(), 5u);
-      for (std::size_t p = 0; p < 5; ++p)
-        EXPECT_EQ(std::memcmp(pages[p].data, blocks[p].data.get(), a.block_layout().bytes), 0) << l << "/" << h << "/" << p;
+      // Codes and metadata byte for byte; the KVCache keeps positions per layer (no eviction: no
+      // slot positions), the page one per slot: the token indices.
+      ASSERT_EQ(single.block_layout().bytes, a.block_layout().positions);
+      for (std::size_t p = 0; p < 5; ++p) {
+        EXPECT_EQ(std::memcmp(pages[p].data, blocks[p].data.get(), a.block_layout().positions), 0) << l << "/" << h << "/" << p;
+        for (int t = 0; t < 32; ++t) {
+          int32_t pos = -1;
+          std::memcpy(&pos, pages[p].data + a.block_layout().positions + static_cast<std::size_t>(t) * 4, 4);
+          EXPECT_EQ(pos, static_cast<int32_t>(p) * 32 + t);
+        }
+      }
     }
   // The pool publishes (after a flush), a fresh KVCache imports: equal to the one that appended.
   auto* admin = server->connect();

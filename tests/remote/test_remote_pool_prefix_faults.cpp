@@ -36,7 +36,7 @@ template <class Pool>
 std::string key_of(const Pool& pool, const ko::RemoteTier& tier, const std::vector<int32_t>& prompt, int64_t page, int l, int h) {
   const auto d = ko::prefix_page_digests(kModel, prompt, Pool::block_tokens);
   const ko::PageCoord at{l, h, pool.shape().kv_heads, page};
-  return tier.config().key_prefix + ko::page_key(d[static_cast<std::size_t>(page)], at, ko::layout_for(pool), ko::Aead::xchacha20poly1305).hex();
+  return tier.config().key_prefix + ko::page_key(d[static_cast<std::size_t>(page)], at, ko::prefix_layout_for(pool), ko::Aead::xchacha20poly1305).hex();
 }
 
 // ---- faults: each only shortens the import (or fails cleanly) --------------------------------

@@ -24,8 +24,9 @@ namespace kvpack::offload::testing {
 //   K meta    64 * 128 / 32 groups * (2 + 2) bytes     = 1024 bytes
 //   V codes   (same as K)                              = 4096 bytes
 //   V meta                                             = 1024 bytes
-//   positions 64 * int32                               =  256 bytes
-//                                                        10496 bytes
+//                                                        10240 bytes
+// (no positions: a cache without eviction or PreRope keeps them per layer, KVCache::slot_positions;
+// before issue 20 the payload ended with 64 int32 positions, 10496 bytes).
 inline constexpr int kC11Tokens = 64;
 inline constexpr int kC11HeadDim = 128;
 inline constexpr int kC11Group = 32;
@@ -33,8 +34,8 @@ inline constexpr int kC11Bits = 4;
 inline constexpr int kC11KvHeads = 8;
 inline constexpr std::size_t kC11CodeBytes = kC11Tokens * kC11HeadDim * kC11Bits / 8;
 inline constexpr std::size_t kC11MetaBytes = kC11Tokens * kC11HeadDim / kC11Group * (2 + 2);
-inline constexpr std::size_t kC11PayloadBytes = 2 * (kC11CodeBytes + kC11MetaBytes) + kC11Tokens * 4;
-static_assert(kC11PayloadBytes == 10496);
+inline constexpr std::size_t kC11PayloadBytes = 2 * (kC11CodeBytes + kC11MetaBytes);
+static_assert(kC11PayloadBytes == 10240);
 /// Codec format id of INT4 asymmetric fp16-metadata keys and values:
 /// codec_format_id<Int4<>, Int4<>>() (test_offload_codec.cpp checks the two agree).
 inline constexpr uint32_t kC11CodecFormat = 0x0452'0452;

@@ -16,17 +16,30 @@
 namespace kvtest {
 
 /// Expects the pages of (layer, kv_head) of `id` to hold exactly the twin's blocks: same count,
-/// same payload bytes.
+/// same codes and metadata bytes, same positions (pages store one per slot; a twin without slot
+/// positions keeps them as the layer's runs, KVCache::slot_positions).
 template <class Pool, class Cache>
 void expect_same_pages(const Pool& pool, kvpack::SeqId id, const Cache& twin, int layer, int kv_head) {
   auto pages = pool.pages(id, layer, kv_head);
   ASSERT_TRUE(pages) << pages.error().message;
   const auto blocks = twin.blocks(layer, kv_head);
   ASSERT_EQ(pages->size(), blocks.size()) << "layer " << layer << " head " << kv_head;
-  const std::size_t bytes = pool.block_layout().bytes;
+  const kvpack::BlockLayout& PL = pool.block_layout();
+  ASSERT_EQ(PL.pos_bytes, sizeof(std::int32_t));
+  ASSERT_EQ(PL.positions, twin.block_layout().positions);  // the same codes and metadata before it
   for (std::size_t b = 0; b < blocks.size(); ++b) {
     EXPECT_EQ((*pages)[b].header.count, blocks[b].header.count) << "block " << b;
-    EXPECT_EQ(std::memcmp((*pages)[b].data, blocks[b].data.get(), bytes), 0) << "block " << b << " bytes differ";
+    EXPECT_EQ(std::memcmp((*pages)[b].data, blocks[b].data.get(), PL.positions), 0) << "block " << b << " bytes differ";
+    for (int t = 0; t < PL.tokens; ++t) {
+      std::int32_t page_pos = 0, twin_pos = 0;
+      std::memcpy(&page_pos, (*pages)[b].data + PL.positions + static_cast<std::size_t>(t) * 4, 4);
+      if constexpr (Cache::slot_positions) {
+        std::memcpy(&twin_pos, blocks[b].data.get() + PL.positions + static_cast<std::size_t>(t) * 4, 4);
+      } else if (t < blocks[b].header.count) {
+        twin_pos = twin.block_positions(layer).at(static_cast<std::int64_t>(b) * PL.tokens + t);
+      }
+      EXPECT_EQ(page_pos, twin_pos) << "block " << b << " slot " << t;
+    }
   }
 }
 

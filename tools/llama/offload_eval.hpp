@@ -75,7 +75,8 @@ template <class Cache>
 #if defined(KVPACK_HAS_SODIUM)
   if constexpr (offloading_cache_v<Cache>) {
     const std::size_t block = make_block_layout<typename Cache::key_codec, typename Cache::value_codec,
-                                                Cache::keys_per_channel>(Cache::block_tokens, shape.head_dim)
+                                                Cache::keys_per_channel>(Cache::block_tokens, shape.head_dim,
+                                                                         Cache::slot_positions)
                                   .bytes;
     const auto blocks = static_cast<uint64_t>((tokens + Cache::block_tokens - 1) / Cache::block_tokens);
     const uint64_t total = uint64_t(shape.layers) * uint64_t(shape.kv_heads) * blocks * block;

@@ -25,7 +25,7 @@ template <bool Evicts, class St, class Hook, class Off>
 [[nodiscard]] Status append_tokens(St& st, Hook& hook, Workspace& ws, Off& off, int layer, std::span<const float> k,
                                    std::span<const float> v, std::span<const std::int32_t> positions) {
   const auto n = static_cast<std::int64_t>(positions.size());
-  st.reserve_append(layer, n, hook);
+  st.reserve_append(layer, positions, hook);
   auto& L = st.layer(layer);
   if constexpr (Evicts) {
     // Eviction caches commit lazily: the previous append's tokens are committed (and may be

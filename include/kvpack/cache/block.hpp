@@ -6,7 +6,11 @@
 //              per-channel: (B/G) x D x mb]  one scale(+zero) per channel per group of G tokens
 //   [V codes   B x code_bytes(D)]
 //   [V meta    B x (D/G) x mb]
-//   [positions B x int32]                    original token positions (kept after eviction)
+//   [positions B x int32]                    original token positions, only where slots need their own
+//                                            (eviction reuses slots, PreRope's kernel reads them):
+//                                            BlockLayout::pos_bytes is 4 there and 0 otherwise, where
+//                                            the store keeps one run-length list per layer instead
+//                                            (cache/position_runs.hpp; issue 20: 0.25 bits/value at D 64)
 // Keyframe codecs (codec/keyframe.hpp) replace a role's [codes][meta] pair by one interval
 // stream (block = one interval; its meta region is empty) whose size follows the interval's mode
 // (BlockHeader::flags bit 1 for K, bit 2 for V): Keyframe::used_bytes(B, D, delta). So a keyframe
@@ -52,6 +56,9 @@ struct BlockLayout {
   std::size_t k_meta_group = 0;                ///< per-channel key metadata bytes per token group
   std::size_t v_meta_token = 0;                ///< value metadata bytes per token
   std::size_t k_codes = 0, k_meta = 0, v_codes = 0, v_meta = 0, positions = 0;  ///< offsets
+  /// Bytes of stored position per token slot: 4 (an int32 at `positions` + 4 * slot) or 0 (the
+  /// payload holds no positions; the store keeps them, see the file comment).
+  std::size_t pos_bytes = sizeof(std::int32_t);
   /// Payload size of a full block; with keyframe codecs the largest one (each keyframe role in
   /// its larger mode): what a block is allocated with before its modes are known. at(flags).bytes
   /// is the size of one block.
@@ -73,7 +80,7 @@ struct BlockLayout {
   }
   /// Payload bytes actually used by `count` tokens of a block with header flags `flags`.
   [[nodiscard]] std::size_t used_bytes(int count, std::uint8_t flags = 0) const noexcept {
-    return k_bytes(count, flags) + v_bytes(count, flags) + static_cast<std::size_t>(count) * sizeof(std::int32_t);
+    return k_bytes(count, flags) + v_bytes(count, flags) + static_cast<std::size_t>(count) * pos_bytes;
   }
   /// The layout of one block whose header has `flags`: keyframe roles in delta mode move what
   /// follows their stream (V, positions) and change `bytes` to the block's own payload size.
@@ -88,7 +95,7 @@ struct BlockLayout {
     L.v_codes = v_codes + (k_end - k_meta);
     L.v_meta = L.v_codes + (v_meta - v_codes) + stream(B, v_kf_row, v_delta_row, (flags & 4u) != 0) - B * v_delta_row;
     L.positions = L.v_meta + (positions - v_meta);
-    L.bytes = L.positions + B * sizeof(std::int32_t);
+    L.bytes = L.positions + B * pos_bytes;
     return L;
   }
 
@@ -100,10 +107,11 @@ struct BlockLayout {
   }
 };
 
-/// Computes the layout of a block of `tokens` tokens with head_dim `head_dim`. A keyframe codec
-/// needs tokens == its interval (checked by KVCache at compile time).
+/// Computes the layout of a block of `tokens` tokens with head_dim `head_dim`; `slot_positions`:
+/// whether each token slot stores its int32 position (pos_bytes 4) or the payload holds none
+/// (pos_bytes 0). A keyframe codec needs tokens == its interval (checked by KVCache at compile time).
 template <CacheCodec KC, CacheCodec VC, bool KPerChannel>
-[[nodiscard]] BlockLayout make_block_layout(int tokens, int head_dim) noexcept {
+[[nodiscard]] BlockLayout make_block_layout(int tokens, int head_dim, bool slot_positions = true) noexcept {
   BlockLayout L;
   const auto B = static_cast<std::size_t>(tokens);
   const auto D = static_cast<std::size_t>(head_dim);
@@ -111,6 +119,7 @@ template <CacheCodec KC, CacheCodec VC, bool KPerChannel>
   L.head_dim = head_dim;
   L.k_per_channel = KPerChannel;
   L.k_group = KC::group_size;
+  L.pos_bytes = slot_positions ? sizeof(std::int32_t) : 0;
   std::size_t k_stream = 0, v_stream = 0;  // keyframe codecs: interval stream bytes in plain mode
   std::size_t delta_extra = 0;             // the most delta-mode keyframe streams add to a block
   if constexpr (is_keyframe_codec_v<KC>) {
@@ -142,7 +151,7 @@ template <CacheCodec KC, CacheCodec VC, bool KPerChannel>
   L.v_codes = L.k_meta + k_meta_bytes;
   L.v_meta = L.v_codes + B * L.v_row + v_stream;
   L.positions = L.v_meta + B * L.v_meta_token;
-  L.bytes = L.positions + B * sizeof(std::int32_t) + delta_extra;
+  L.bytes = L.positions + B * L.pos_bytes + delta_extra;
   return L;
 }
 
@@ -156,7 +165,7 @@ struct Block {
 
 /// Zeroes slots [from, to) of a block payload `d` of layout L (a pool page, a low-tier block):
 /// codes, metadata (per-channel key metadata by whole groups only: a range inside one group keeps
-/// the group's metadata) and positions.
+/// the group's metadata) and positions (if stored).
 inline void zero_slots(const BlockLayout& L, std::byte* d, std::size_t from, std::size_t to) noexcept {
   const std::size_t n = to - from;
   detail::secure_zero(d + L.k_codes + from * L.k_row, n * L.k_row);
@@ -168,7 +177,7 @@ inline void zero_slots(const BlockLayout& L, std::byte* d, std::size_t from, std
   }
   detail::secure_zero(d + L.v_codes + from * L.v_row, n * L.v_row);
   detail::secure_zero(d + L.v_meta + from * L.v_meta_token, n * L.v_meta_token);
-  detail::secure_zero(d + L.positions + from * sizeof(std::int32_t), n * sizeof(std::int32_t));
+  detail::secure_zero(d + L.positions + from * L.pos_bytes, n * L.pos_bytes);
 }
 
 }  // namespace kvpack

@@ -58,7 +58,7 @@ struct CodecHook {
   }
 
   /// Encodes commit_unit tokens (K rows k + t * stride, V rows v + t * stride, D channels,
-  /// positions pos[t]) into slots [off, off + commit_unit) of block b.
+  /// positions pos[t], stored when L.pos_bytes != 0) into slots [off, off + commit_unit) of block b.
   static void encode(const BlockLayout& L, Block& b, std::size_t off, const float* k, const float* v,
                      std::ptrdiff_t stride, const std::int32_t* pos) {
     encode(L, b.data.get(), b.header.flags, off, k, v, stride, pos);
@@ -72,10 +72,10 @@ struct CodecHook {
     K::encode(k, stride, commit_unit, D, d, off, RoleRegion::of(L, true), flags);
     if constexpr (interval_blocks) {
       V::encode(v, stride, commit_unit, D, d, off, RoleRegion::of(L.at(flags), false), flags);
-      std::memcpy(d + L.at(flags).positions + off * sizeof(std::int32_t), pos, commit_unit * sizeof(std::int32_t));
+      if (L.pos_bytes) std::memcpy(d + L.at(flags).positions + off * sizeof(std::int32_t), pos, commit_unit * sizeof(std::int32_t));
     } else {
       V::encode(v, stride, commit_unit, D, d, off, RoleRegion::of(L, false), flags);
-      std::memcpy(d + L.positions + off * sizeof(std::int32_t), pos, commit_unit * sizeof(std::int32_t));
+      if (L.pos_bytes) std::memcpy(d + L.positions + off * sizeof(std::int32_t), pos, commit_unit * sizeof(std::int32_t));
     }
   }
 

@@ -136,7 +136,7 @@ struct HeadStore {
     detail::secure_zero(d + L.k_meta + off * L.k_meta_token, L.k_meta_token);
     detail::secure_zero(d + L.v_codes + off * L.v_row, L.v_row);
     detail::secure_zero(d + L.v_meta + off * L.v_meta_token, L.v_meta_token);
-    detail::secure_zero(d + L.positions + off * sizeof(std::int32_t), sizeof(std::int32_t));
+    detail::secure_zero(d + L.positions + off * L.pos_bytes, L.pos_bytes);
     ++blocks[su / bu].header.version;
     slot_token[su] = -1;
     slot_score[su] = 0.f;
@@ -172,7 +172,7 @@ struct HeadStore {
       std::memcpy(dst + L.k_meta + dof * L.k_meta_token, src + L.k_meta + so * L.k_meta_token, L.k_meta_token);
       std::memcpy(dst + L.v_codes + dof * L.v_row, src + L.v_codes + so * L.v_row, L.v_row);
       std::memcpy(dst + L.v_meta + dof * L.v_meta_token, src + L.v_meta + so * L.v_meta_token, L.v_meta_token);
-      std::memcpy(dst + L.positions + dof * 4, src + L.positions + so * 4, 4);
+      std::memcpy(dst + L.positions + dof * L.pos_bytes, src + L.positions + so * L.pos_bytes, L.pos_bytes);
       db.header.count = static_cast<std::uint16_t>(dof + 1);
       fresh.fill_slot(ns, tok, slot_score[static_cast<std::size_t>(slot)], L.tokens);
     }

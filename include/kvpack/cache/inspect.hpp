@@ -75,7 +75,8 @@ template <class St, class Offload>
       tk.insert(tk.end(), s.k_tile.begin() + static_cast<std::ptrdiff_t>(t * D), s.k_tile.begin() + static_cast<std::ptrdiff_t>((t + 1) * D));
       tv.insert(tv.end(), s.v_tile.begin() + static_cast<std::ptrdiff_t>(t * D), s.v_tile.begin() + static_cast<std::ptrdiff_t>((t + 1) * D));
       std::int32_t p;
-      std::memcpy(&p, data + BL.positions + t * sizeof p, sizeof p);
+      if (BL.pos_bytes) std::memcpy(&p, data + BL.positions + t * sizeof p, sizeof p);
+      else p = L.block_pos.at(static_cast<std::int64_t>(slot));  // no eviction: slot = commit order
       tp.push_back(p);
     }
   }
@@ -135,7 +136,7 @@ template <class St, class Hook>
       }
       ++h;
     }
-    total += static_cast<std::size_t>(L.sinks_held + L.pend.size()) * fp_row;
+    total += static_cast<std::size_t>(L.sinks_held + L.pend.size()) * fp_row + L.block_pos.held_bytes();
     ++li;
   }
   if constexpr (DemotingStore<St>) total += st.tier().held_bytes();
@@ -154,7 +155,7 @@ template <class St, class Hook>
       for (const auto& b : H.spare) total += b.bytes;
     }
     total += (L.sink_k.capacity() + L.sink_v.capacity() + L.chunk_k.capacity() + L.chunk_v.capacity()) * sizeof(float) +
-             L.sink_pos.capacity() * sizeof(std::int32_t) + L.pend.allocated_bytes();
+             L.sink_pos.capacity() * sizeof(std::int32_t) + L.pend.allocated_bytes() + L.block_pos.allocated_bytes();
   }
   if constexpr (DemotingStore<St>) total += st.tier().allocated_bytes();
   return total;

@@ -22,6 +22,7 @@
 #include "kvpack/cache/exact_segments.hpp"
 #include "kvpack/cache/head_store.hpp"
 #include "kvpack/cache/pending_rows.hpp"
+#include "kvpack/cache/position_runs.hpp"
 #include "kvpack/cache/shape.hpp"
 #include "kvpack/detail/secure_zero.hpp"
 #include "kvpack/kernels/dispatch.hpp"
@@ -50,14 +51,19 @@ class SequenceStore {
     std::vector<float> chunk_k, chunk_v;  ///< exact copy of the latest append
     std::vector<std::int32_t> chunk_pos;  ///< ... and its positions
     std::vector<HeadStore> heads;       ///< [kv_head]
+    /// Positions of the quantized tokens (block slots, commit order) when the block payloads hold
+    /// none (layout().pos_bytes == 0: no eviction); empty otherwise.
+    PositionRuns block_pos;
     std::int64_t sinks_held = 0, committed = 0, total = 0, chunk_tokens = 0;
   };
 
   SequenceStore() = default;
-  SequenceStore(const ModelShape& shape, int block_tokens)
+  /// slot_positions: whether block payloads store each slot's position (always with eviction,
+  /// whose slots are reused); otherwise each layer keeps them as runs (Layer::block_pos).
+  SequenceStore(const ModelShape& shape, int block_tokens, bool slot_positions = true)
       : shape_(shape),
         layout_(make_block_layout<typename Codec::key_codec, typename Codec::value_codec, Codec::keys_per_channel>(
-            block_tokens, shape.head_dim)),
+            block_tokens, shape.head_dim, Evicts || slot_positions)),
         proto_(Codec::header(shape.head_dim)) {
     if constexpr (Tier::enabled) tier_ = Tier(shape, block_tokens);
     reset();
@@ -140,10 +146,15 @@ class SequenceStore {
   /// that find no free slot, capped at the hook's budget plus one unit (enforce frees slots as
   /// commit goes). Keyframe blocks are reserved at BlockLayout::bytes (their modes are not known
   /// yet); commit then moves each into an allocation of its own size, a nothrow one that keeps the
-  /// reserved buffer if it fails (fit_payload). May throw std::bad_alloc, leaving the contents unchanged.
+  /// reserved buffer if it fails (fit_payload). `pos`: the appended positions (n of them).
+  /// May throw std::bad_alloc, leaving the contents unchanged.
   template <class Hook>
-  void reserve_append(int li, std::int64_t n, const Hook& hook) {
+  void reserve_append(int li, std::span<const std::int32_t> pos, const Hook& hook) {
+    const auto n = static_cast<std::int64_t>(pos.size());
     Layer& L = layer(li);
+    if (!Evicts && layout_.pos_bytes == 0)  // runs of the pending and new positions (a bound on the committed ones)
+      L.block_pos.reserve_runs(L.block_pos.runs_added(
+          std::span<const std::int32_t>(L.pend.positions(), static_cast<std::size_t>(L.pend.size())), pos));
     const std::size_t to_sinks = reserve_append_rows(L, n, row_floats(), SinkTokens);
     reserve_geometric(L.chunk_pos, static_cast<std::size_t>(n));
     Codec::reserve_encode(shape_.head_dim);
@@ -317,6 +328,7 @@ class SequenceStore {
   void wipe() noexcept {
     for (Layer& L : layers_) {
       for (HeadStore& H : L.heads) H.zero_blocks();
+      L.block_pos.wipe();
       for (auto* v : {&L.sink_k, &L.sink_v, &L.chunk_k, &L.chunk_v}) detail::wipe_vector(*v);
       detail::wipe_vector(L.sink_pos);
       detail::wipe_vector(L.chunk_pos);
@@ -329,9 +341,10 @@ class SequenceStore {
  private:
   // Non-evicting commit: encodes n (whole commit units) rows k/v/pos ([n][kv_heads][D], row
   // stride row_floats) into the next slots of every KV head, opening blocks as they fill
-  // (reserved by reserve_append).
+  // (reserved by reserve_append); without slot positions, their positions go to L.block_pos.
   void encode_units(Layer& L, const float* k, const float* v, const std::int32_t* pos, std::int64_t n) {
     constexpr std::int64_t unit = Codec::commit_unit;
+    if (layout_.pos_bytes == 0) L.block_pos.push(pos, n);  // runs reserved: allocates nothing
     const int B = layout_.tokens;
     const auto stride = static_cast<std::ptrdiff_t>(row_floats());
     for (std::int64_t t0 = 0; t0 < n; t0 += unit) {

@@ -36,4 +36,16 @@ template <class Cache>
   return l;
 }
 
+/// The RecordLayout of a shared prefix page (RemotePrefixShare, RemotePoolPrefixShare):
+/// layout_for(cache) with the payload of a page that stores an int32 position per slot, as
+/// PagedCache pages do; a KVCache whose blocks hold none (KVCache::slot_positions false) adds
+/// them, so caches and pools of one policy address and open the same records.
+template <class Cache>
+[[nodiscard]] RecordLayout prefix_layout_for(const Cache& cache) noexcept {
+  RecordLayout l = layout_for(cache);
+  const kvpack::BlockLayout& b = cache.block_layout();
+  if (b.pos_bytes == 0) l.max_payload_bytes = static_cast<uint32_t>(b.bytes + static_cast<std::size_t>(b.tokens) * 4);
+  return l;
+}
+
 }  // namespace kvpack::offload

@@ -81,7 +81,7 @@ class RemotePoolPrefixShare {
   [[nodiscard]] static Result<RemotePoolPrefixShare> create(const Pool& pool, RemoteTier& tier, const KeyProvider& keys,
                                                             std::string model_id, bool encrypt = true) {
     if (model_id.empty()) return fail(Errc::invalid_argument, "RemotePoolPrefixShare: empty model id");
-    auto sealer = PageSealer::create(keys, layout_for(pool), encrypt);
+    auto sealer = PageSealer::create(keys, prefix_layout_for(pool), encrypt);
     if (!sealer) return sealer.error();
     return RemotePoolPrefixShare(tier, std::move(sealer).value(), std::move(model_id), pool.shape(),
                                  pool.block_layout().positions);

@@ -20,8 +20,11 @@
 //
 // The cache type must be plain (no eviction, sinks, keyframe codecs or Offload<>): its block b
 // holds exactly tokens [b * B, (b + 1) * B) (KVCache::import_block checks this too). Positions
-// must be the token indices (the prompt starts at position 0); publish() skips pages whose stored
-// positions differ.
+// must be the token indices (the prompt starts at position 0); publish() skips pages whose
+// positions differ. Records hold the page pool's payload (codes, metadata and an int32 position
+// per slot), so KVCaches and PagedCaches of one policy share pages: a cache whose blocks store no
+// positions (KVCache::slot_positions false) adds them when it publishes and drops them, checked,
+// when it imports.
 #pragma once
 
 #include <sodium.h>
@@ -59,7 +62,7 @@ class RemotePrefixShare {
   [[nodiscard]] static Result<RemotePrefixShare> create(const Cache& cache, RemoteTier& tier, const KeyProvider& keys,
                                                         std::string model_id, bool encrypt = true) {
     if (model_id.empty()) return fail(Errc::invalid_argument, "RemotePrefixShare: empty model id");
-    auto sealer = PageSealer::create(keys, layout_for(cache), encrypt);
+    auto sealer = PageSealer::create(keys, prefix_layout_for(cache), encrypt);
     if (!sealer) return sealer.error();
     return RemotePrefixShare(tier, std::move(sealer).value(), std::move(model_id), cache.shape(),
                              cache.block_layout().positions);
@@ -79,10 +82,25 @@ class RemotePrefixShare {
     const auto digests = prefix_page_digests(pages_.model_id(), prompt, page_tokens);
     int64_t pages = static_cast<int64_t>(digests.size());
     for (int l = 0; l < shape_.layers; ++l) pages = std::min<int64_t>(pages, cache.quantized_tokens(l) / page_tokens);
-    return pages_.publish(digests, pages, pages_per_batch, [&](int64_t p, int l, int h) -> const std::byte* {
+    std::vector<std::byte> record(pages_.payload());  // a block without positions, completed (sealed at once)
+    PrefixPublishReport rep = pages_.publish(digests, pages, pages_per_batch, [&](int64_t p, int l, int h) -> const std::byte* {
       const auto& b = cache.blocks(l, h)[static_cast<std::size_t>(p)];
-      return b.data && b.header.count == page_tokens ? b.data.get() : nullptr;
+      if (!b.data || b.header.count != page_tokens) return nullptr;
+      if constexpr (Cache::slot_positions) {
+        return b.data.get();
+      } else {
+        const std::size_t at = cache.block_layout().positions;  // after the codes and metadata
+        std::memcpy(record.data(), b.data.get(), at);
+        const PositionRuns& runs = cache.block_positions(l);
+        for (int t = 0; t < page_tokens; ++t) {
+          const int32_t pos = runs.at(p * page_tokens + t);
+          std::memcpy(record.data() + at + static_cast<std::size_t>(t) * sizeof pos, &pos, sizeof pos);
+        }
+        return record.data();
+      }
     });
+    sodium_memzero(record.data(), record.size());
+    return rep;
   }
 
   /// Imports the leading pages of `prompt` the tier holds complete and verified into `cache`,
@@ -102,6 +120,8 @@ class RemotePrefixShare {
     const auto digests = prefix_page_digests(pages_.model_id(), prompt, page_tokens);
     const int64_t pages = static_cast<int64_t>(digests.size());
     const std::size_t payload = pages_.payload(), heads = static_cast<std::size_t>(shape_.kv_heads);
+    const std::size_t block = cache.block_layout().bytes;  // payload, or its codes and metadata only
+    std::vector<std::byte> blocks(heads * block);          // one layer's blocks, as import_block takes them
     const int64_t step = std::max(1, pages_per_batch);
     std::vector<PageDigest> digs;
     std::vector<std::byte> plain;
@@ -111,20 +131,22 @@ class RemotePrefixShare {
       // Verify page by page; a page enters the cache only when all its values verified.
       plain.assign(pages_.per_page() * payload, std::byte{0});
       for (int64_t p = p0; p < p1; ++p) {
-        if (!pages_.open_page(got, digs, static_cast<std::size_t>(p - p0) * pages_.per_page(), p, plain.data(), false)) {
-          sodium_memzero(plain.data(), plain.size());
+        // Without slot positions the cache drops the records' positions: they must be the indices.
+        if (!pages_.open_page(got, digs, static_cast<std::size_t>(p - p0) * pages_.per_page(), p, plain.data(),
+                              !Cache::slot_positions)) {
+          wipe(plain, blocks);
           return cache.tokens(0);
         }
         for (int l = 0; l < shape_.layers; ++l) {
-          const std::span<const std::byte> layer_payloads(plain.data() + static_cast<std::size_t>(l) * heads * payload,
-                                                          heads * payload);
-          if (Status s = cache.import_block(l, layer_payloads); !s) {
-            sodium_memzero(plain.data(), plain.size());
+          for (std::size_t h = 0; h < heads; ++h)
+            std::memcpy(blocks.data() + h * block, plain.data() + (static_cast<std::size_t>(l) * heads + h) * payload, block);
+          if (Status s = cache.import_block(l, blocks); !s) {
+            wipe(plain, blocks);
             return s.error();
           }
         }
       }
-      sodium_memzero(plain.data(), plain.size());
+      wipe(plain, blocks);
     }
     return cache.tokens(0);
   }
@@ -133,6 +155,11 @@ class RemotePrefixShare {
   RemotePrefixShare(RemoteTier& tier, PageSealer sealer, std::string model_id, const ModelShape& shape,
                     std::size_t positions_offset)
       : pages_(tier, std::move(sealer), std::move(model_id), shape, positions_offset, page_tokens), shape_(shape) {}
+
+  static void wipe(std::vector<std::byte>& a, std::vector<std::byte>& b) noexcept {
+    sodium_memzero(a.data(), a.size());
+    sodium_memzero(b.data(), b.size());
+  }
 
   detail::PrefixPages pages_;
   ModelShape shape_;
