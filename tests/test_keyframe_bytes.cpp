@@ -11,7 +11,7 @@
 //  * every committed block is allocated at BlockLayout::at(flags).bytes (allocated_bytes sees it).
 // On the scalar kernel and the build's SIMD backend (Backend<Auto>: AVX2, NEON).
 // Since issue 20 these caches store no per-slot positions (KVCache::slot_positions): every figure
-// above is 4 bytes per token lower and holds one 16-byte position run instead (kPositions).
+// above is 4 bytes per token lower and holds one 8-byte position run instead (kPositions).
 #include <gtest/gtest.h>
 
 #include <random>

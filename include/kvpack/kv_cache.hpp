@@ -73,17 +73,7 @@ class KVCache {
   static_assert(((!std::is_void_v<detail::role_of_t<Policies>>) && ...),
                 "kvpack::KVCache<...>: every template argument must be a kvpack policy: Keys<>, Values<>, "
                 "Sinks<>, Residual<>, Blocks<>, Backend<>, Offload<>, Demote<> or an eviction policy");
-  static_assert(detail::role_count_v<role::keys, Policies...> <= 1, "kvpack::KVCache<...>: more than one Keys<> policy");
-  static_assert(detail::role_count_v<role::values, Policies...> <= 1, "kvpack::KVCache<...>: more than one Values<> policy");
-  static_assert(detail::role_count_v<role::sinks, Policies...> <= 1, "kvpack::KVCache<...>: more than one Sinks<> policy");
-  static_assert(detail::role_count_v<role::residual, Policies...> <= 1, "kvpack::KVCache<...>: more than one Residual<> policy");
-  static_assert(detail::role_count_v<role::blocks, Policies...> <= 1, "kvpack::KVCache<...>: more than one Blocks<> policy");
-  static_assert(detail::role_count_v<role::backend, Policies...> <= 1, "kvpack::KVCache<...>: more than one Backend<> policy");
-  static_assert(detail::role_count_v<role::eviction, Policies...> <= 1,
-                "kvpack::KVCache<...>: more than one eviction policy (NoEviction, SinkWindow, H2O, SnapKV, BlockSparse, ...)");
-  static_assert(detail::role_count_v<role::offload, Policies...> <= 1, "kvpack::KVCache<...>: more than one Offload<> policy");
-  static_assert(detail::role_count_v<role::demotion, Policies...> <= 1, "kvpack::KVCache<...>: more than one Demote<> policy");
-  static_assert(detail::role_count_v<role::rope, Policies...> <= 1, "kvpack::KVCache<...>: more than one PreRope<> policy");
+  static_assert(cache_detail::check_roles<Policies...>());  // at most one policy per role
 
   using KeysP = detail::find_role_t<role::keys, Keys<Fp32>, Policies...>;
   using ValuesP = detail::find_role_t<role::values, Values<Fp32>, Policies...>;
@@ -288,15 +278,15 @@ class KVCache {
   /// in the cache that produced them.
   /// Errc::unsupported for eviction, keyframe, sink or offload caches; Errc::invalid_argument for a
   /// layer out of range, a wrong payload size, a layer holding pending (unquantized) tokens or a
-  /// partial block, a negative stored position; Errc::capacity_exceeded past max_tokens. Nothing
-  /// changes on error.
+  /// partial block, a negative stored position; Errc::capacity_exceeded past max_tokens;
+  /// Errc::out_of_memory when a block cannot be allocated. Nothing changes on error.
   Status import_block(int layer, std::span<const std::byte> payloads) {
     if constexpr (evicts || codec_hook::interval_blocks || sink_tokens > 0 || offloads) {
       (void)layer, (void)payloads;
       return fail(Errc::unsupported, "import_block: only caches without eviction, keyframes, sinks or offload");
     } else {
       if (Status s = check_layer("import_block", layer); !s) return s;
-      return import_full_block(store_, layer, payloads);
+      return catch_alloc("import_block", 0, [&]() -> Status { return import_full_block(store_, layer, payloads); });
     }
   }
 
@@ -328,6 +318,14 @@ class KVCache {
     off_.reset();
     hook_.reset();
     store_.reset();
+  }
+  /// reset(), but the quantized blocks' allocations stay, zeroed, for the tokens that come next:
+  /// an engine serving its next request from this cache allocates no blocks and takes no page
+  /// faults for them. memory_bytes() is 0 after it; allocated_bytes() still counts the blocks.
+  void clear() {
+    off_.reset();
+    hook_.reset();
+    store_.clear();
   }
 
   /// Bytes of KV data held now, all layers: used bytes of quantized tokens (codes, scales,

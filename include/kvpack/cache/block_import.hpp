@@ -8,6 +8,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kvpack/cache/head_store.hpp"
 #include "kvpack/detail/secure_zero.hpp"
@@ -21,7 +22,8 @@ namespace kvpack {
 /// layout without slot positions (pos_bytes 0) gives the block's tokens their cache indices as
 /// positions (what a shared prompt prefix holds). Errc::invalid_argument for a wrong payload size,
 /// a layer holding pending (unquantized) tokens or a partial block, a negative stored position;
-/// Errc::capacity_exceeded past max_tokens. Nothing changes on error.
+/// Errc::capacity_exceeded past max_tokens. Nothing changes on error; allocation happens before
+/// any change, so std::bad_alloc (KVCache::import_block: Errc::out_of_memory) changes nothing either.
 template <class Store>
 [[nodiscard]] Status import_full_block(Store& store, int li, std::span<const std::byte> payloads) {
   static_assert(!Store::evicts && Store::sink_tokens == 0, "import_full_block: dense stores without sinks only");
@@ -44,9 +46,15 @@ template <class Store>
       std::memcpy(&p, payloads.data() + h * bytes + layout.positions + static_cast<std::size_t>(t) * sizeof p, sizeof p);
       if (p < 0) return bad("negative position in the imported block");
     }
-  if (layout.pos_bytes == 0) L.block_pos.reserve_runs(1);
+  std::vector<Block> fresh;  // every allocation first: a failure leaves the layer as it was
+  fresh.reserve(heads);
   for (std::size_t h = 0; h < heads; ++h) {
-    Block b = make_block(layout, store.proto());
+    fresh.push_back(make_block(layout, store.proto()));
+    reserve_geometric(L.heads[h].blocks, L.heads[h].blocks.size() + 1);
+  }
+  if (layout.pos_bytes == 0) L.block_pos.reserve_runs(1);
+  for (std::size_t h = 0; h < heads; ++h) {  // nothing below allocates
+    Block& b = fresh[h];
     std::memcpy(b.data.get(), payloads.data() + h * bytes, bytes);
     b.header.count = static_cast<std::uint16_t>(B);
     b.header.version = 1;

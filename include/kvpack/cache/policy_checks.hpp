@@ -2,7 +2,26 @@
 // (tests/compile_fail/ checks each message). PagedCache runs them too, through its KVCache type.
 #pragma once
 
+#include "kvpack/policy.hpp"
+
 namespace kvpack::cache_detail {
+
+/// Fails to compile, naming the role, when Policies holds more than one policy of a role.
+template <class... Policies>
+consteval bool check_roles() {
+  static_assert(detail::role_count_v<role::keys, Policies...> <= 1, "kvpack::KVCache<...>: more than one Keys<> policy");
+  static_assert(detail::role_count_v<role::values, Policies...> <= 1, "kvpack::KVCache<...>: more than one Values<> policy");
+  static_assert(detail::role_count_v<role::sinks, Policies...> <= 1, "kvpack::KVCache<...>: more than one Sinks<> policy");
+  static_assert(detail::role_count_v<role::residual, Policies...> <= 1, "kvpack::KVCache<...>: more than one Residual<> policy");
+  static_assert(detail::role_count_v<role::blocks, Policies...> <= 1, "kvpack::KVCache<...>: more than one Blocks<> policy");
+  static_assert(detail::role_count_v<role::backend, Policies...> <= 1, "kvpack::KVCache<...>: more than one Backend<> policy");
+  static_assert(detail::role_count_v<role::eviction, Policies...> <= 1,
+                "kvpack::KVCache<...>: more than one eviction policy (NoEviction, SinkWindow, H2O, SnapKV, BlockSparse, ...)");
+  static_assert(detail::role_count_v<role::offload, Policies...> <= 1, "kvpack::KVCache<...>: more than one Offload<> policy");
+  static_assert(detail::role_count_v<role::demotion, Policies...> <= 1, "kvpack::KVCache<...>: more than one Demote<> policy");
+  static_assert(detail::role_count_v<role::rope, Policies...> <= 1, "kvpack::KVCache<...>: more than one PreRope<> policy");
+  return true;
+}
 
 /// Fails to compile, naming the conflict, when the resolved policies of a KVCache cannot work
 /// together; returns true otherwise. SnapKVLike: the eviction hook scores saved queries itself.

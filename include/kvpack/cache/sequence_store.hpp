@@ -139,6 +139,32 @@ class SequenceStore {
     }
   }
 
+  /// Empties every layer like reset(), but keeps each KV head's block allocations, zeroed, as
+  /// spares that its next commits take first (HeadStore::new_block): a cache reused for the next
+  /// request allocates no blocks and takes no page faults for them. Blocks of another size
+  /// (keyframe blocks fitted to their modes) and offloaded ones (null data) are released. May
+  /// throw std::bad_alloc before changing anything.
+  void clear() {
+    const auto heads = static_cast<std::size_t>(shape_.kv_heads);
+    std::vector<std::vector<Block>> keep(layers_.size() * heads);
+    for (std::size_t i = 0; i < keep.size(); ++i) {
+      const HeadStore& H = layers_[i / heads].heads[i % heads];
+      keep[i].reserve(H.spare.size() + H.blocks.size());
+    }
+    for (std::size_t i = 0; i < keep.size(); ++i) {  // nothing below allocates
+      HeadStore& H = layers_[i / heads].heads[i % heads];
+      for (Block& b : H.spare) keep[i].push_back(std::move(b));  // zeroed since allocated
+      for (Block& b : H.blocks)
+        if (b.data && b.bytes == layout_.bytes) {
+          detail::secure_zero(b.data.get(), b.bytes);
+          b.header = proto_;
+          keep[i].push_back(std::move(b));
+        }
+    }
+    reset();  // zeroes and releases the rest
+    for (std::size_t i = 0; i < keep.size(); ++i) layers_[i / heads].heads[i % heads].spare = std::move(keep[i]);
+  }
+
   /// Allocates ahead everything appending n tokens to layer li can need in push and commit (the
   /// chunk copy, sinks, pending rows, blocks and slot bookkeeping of every KV head), so that those
   /// steps allocate nothing after it (KVCache::append's strong guarantee). The block count is the

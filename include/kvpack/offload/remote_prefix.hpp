@@ -83,6 +83,7 @@ class RemotePrefixShare {
     int64_t pages = static_cast<int64_t>(digests.size());
     for (int l = 0; l < shape_.layers; ++l) pages = std::min<int64_t>(pages, cache.quantized_tokens(l) / page_tokens);
     std::vector<std::byte> record(pages_.payload());  // a block without positions, completed (sealed at once)
+    const WipeOnExit wipe_record{record};
     PrefixPublishReport rep = pages_.publish(digests, pages, pages_per_batch, [&](int64_t p, int l, int h) -> const std::byte* {
       const auto& b = cache.blocks(l, h)[static_cast<std::size_t>(p)];
       if (!b.data || b.header.count != page_tokens) return nullptr;
@@ -99,7 +100,6 @@ class RemotePrefixShare {
         return record.data();
       }
     });
-    sodium_memzero(record.data(), record.size());
     return rep;
   }
 
@@ -122,9 +122,11 @@ class RemotePrefixShare {
     const std::size_t payload = pages_.payload(), heads = static_cast<std::size_t>(shape_.kv_heads);
     const std::size_t block = cache.block_layout().bytes;  // payload, or its codes and metadata only
     std::vector<std::byte> blocks(heads * block);          // one layer's blocks, as import_block takes them
+    const WipeOnExit wipe_blocks{blocks};
     const int64_t step = std::max(1, pages_per_batch);
     std::vector<PageDigest> digs;
     std::vector<std::byte> plain;
+    const WipeOnExit wipe_plain{plain};
     for (int64_t p0 = have / page_tokens; p0 < pages; p0 += step) {
       const int64_t p1 = std::min(pages, p0 + step);
       const std::vector<RemoteValue> got = pages_.fetch(digests, p0, p1, digs);
@@ -134,19 +136,15 @@ class RemotePrefixShare {
         // Without slot positions the cache drops the records' positions: they must be the indices.
         if (!pages_.open_page(got, digs, static_cast<std::size_t>(p - p0) * pages_.per_page(), p, plain.data(),
                               !Cache::slot_positions)) {
-          wipe(plain, blocks);
           return cache.tokens(0);
         }
         for (int l = 0; l < shape_.layers; ++l) {
           for (std::size_t h = 0; h < heads; ++h)
             std::memcpy(blocks.data() + h * block, plain.data() + (static_cast<std::size_t>(l) * heads + h) * payload, block);
-          if (Status s = cache.import_block(l, blocks); !s) {
-            wipe(plain, blocks);
-            return s.error();
-          }
+          if (Status s = cache.import_block(l, blocks); !s) return s.error();
         }
       }
-      wipe(plain, blocks);
+      sodium_memzero(plain.data(), plain.size());
     }
     return cache.tokens(0);
   }
@@ -156,10 +154,11 @@ class RemotePrefixShare {
                     std::size_t positions_offset)
       : pages_(tier, std::move(sealer), std::move(model_id), shape, positions_offset, page_tokens), shape_(shape) {}
 
-  static void wipe(std::vector<std::byte>& a, std::vector<std::byte>& b) noexcept {
-    sodium_memzero(a.data(), a.size());
-    sodium_memzero(b.data(), b.size());
-  }
+  // Zeroes a plaintext buffer however its scope is left (an exception included).
+  struct WipeOnExit {
+    std::vector<std::byte>& v;
+    ~WipeOnExit() { sodium_memzero(v.data(), v.size()); }
+  };
 
   detail::PrefixPages pages_;
   ModelShape shape_;
