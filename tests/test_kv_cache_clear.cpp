@@ -13,6 +13,7 @@
 #include "kvpack/kvpack.hpp"
 #include "support/reference.hpp"
 
+namespace test_kv_cache_clear {  // own scope: compiled in one unity file with other tests
 namespace {
 
 using namespace kvpack;  // NOLINT: test file
@@ -118,3 +119,4 @@ TYPED_TEST(KvCacheClear, ResetReleasesWhatClearKeeps) {
 }
 
 }  // namespace
+}  // namespace test_kv_cache_clear
