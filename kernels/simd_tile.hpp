@@ -10,6 +10,7 @@
 
 #include "kvpack/codec/float_codec.hpp"
 #include "kvpack/codec/fp8_codec.hpp"
+#include "kvpack/codec/fp8_unscaled.hpp"
 #include "kvpack/codec/int_codec.hpp"
 #include "kvpack/kernels/attend_args.hpp"
 
@@ -32,14 +33,17 @@ concept IntCodecFamily = KvCodec<C> && decltype(detail::int_codec_base(static_ca
 /// FP8 codecs (kvpack::Fp8Codec: Fp8E4M3<>, Fp8E5M2<>).
 template <class C>
 concept Fp8CodecFamily = KvCodec<C> && decltype(detail::fp8_codec_base(static_cast<const C*>(nullptr)))::value;
+/// FP8 codes without a scale (kvpack::Fp8Unscaled: Fp8E4M3Unscaled, Fp8E5M2Unscaled).
+template <class C>
+concept Fp8UnscaledFamily = KvCodec<C> && kvpack::detail::is_fp8_unscaled_v<C>;
 /// 4-bit codebook codecs (kvpack::Nf4<>): x̂ = C::codebook_level(u) * scale, INT4's nibble layout.
 template <class C>
 concept CodebookCodec = KvCodec<C> && requires { C::codebook; } && C::codebook && C::bits == 4;
 /// Codecs with a SIMD decoder (AVX2 and NEON); others are decoded by the scalar decode_row into
 /// the tile.
 template <class C>
-concept SimdDecodable = IntCodecFamily<C> || Fp8CodecFamily<C> || CodebookCodec<C> || std::is_same_v<C, Fp16> ||
-                        std::is_same_v<C, Fp32>;
+concept SimdDecodable = IntCodecFamily<C> || Fp8CodecFamily<C> || Fp8UnscaledFamily<C> || CodebookCodec<C> ||
+                        std::is_same_v<C, Fp16> || std::is_same_v<C, Fp32>;
 
 /// Calls f(std::integral_constant<int, 0>{}) ... f(std::integral_constant<int, N - 1>{}): a loop
 /// the compiler must unroll, so arrays of vector registers indexed by it stay in registers.

@@ -1,6 +1,7 @@
 // kvpack umbrella header: everything a user needs to build and use KVCache<Policy...>.
 #pragma once
 
+#include "kvpack/calibration/calibrated_cache.hpp"
 #include "kvpack/config.hpp"
 #include "kvpack/kv_cache.hpp"
 #include "kvpack/numeric.hpp"

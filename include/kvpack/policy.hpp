@@ -8,6 +8,7 @@
 #include "kvpack/codec/concepts.hpp"
 #include "kvpack/codec/float_codec.hpp"
 #include "kvpack/codec/fp8_codec.hpp"
+#include "kvpack/codec/fp8_unscaled.hpp"
 #include "kvpack/codec/int_codec.hpp"
 #include "kvpack/codec/int_lowbit.hpp"
 #include "kvpack/codec/nf4_codec.hpp"

@@ -175,6 +175,8 @@ template <KvCodec C>
     return codebook_value8<C>(detail::nibbles8(row + e / 2), s);
   } else if constexpr (simd::Fp8CodecFamily<C>) {
     return _mm256_mul_ps(detail::fp8x8<typename C::format>(detail::load64(row + e)), s);
+  } else if constexpr (simd::Fp8UnscaledFamily<C>) {
+    return detail::fp8x8<typename C::format>(detail::load64(row + e));
   } else if constexpr (std::is_same_v<C, Fp16>) {
     return _mm256_cvtph_ps(detail::load128(row + 2 * e));
   } else {

@@ -164,6 +164,8 @@ template <KvCodec C>
   } else if constexpr (simd::Fp8CodecFamily<C>) {
     const F8 v = detail::fp8x8<typename C::format>(detail::load_u8x8(row + e));
     return {vmulq_f32(v.lo, s.lo), vmulq_f32(v.hi, s.hi)};
+  } else if constexpr (simd::Fp8UnscaledFamily<C>) {
+    return detail::fp8x8<typename C::format>(detail::load_u8x8(row + e));
   } else if constexpr (std::is_same_v<C, Fp16>) {
     std::uint16_t h[8];
     std::memcpy(h, row + 2 * e, sizeof h);

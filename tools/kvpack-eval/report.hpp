@@ -140,6 +140,7 @@ struct RunInfo {
                         {"top1_agreement", double(s.agree) / double(std::max<int64_t>(s.scored, 1))},
                         {"prefill_tokens_per_s", double(s.prefill_tokens) / std::max(s.prefill_s, 1e-9)},
                         {"decode_tokens_per_s", s.decode_tokens ? double(s.decode_tokens) / std::max(s.decode_s, 1e-9) : 0.0}};
+    if (s.tracks_saturation) p["saturated_values"] = s.saturated;
     if (s.offload.active) {
       const auto& o = s.offload;
       p["offload"] = {{"aead", o.aead},

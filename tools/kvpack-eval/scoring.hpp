@@ -123,6 +123,10 @@ kvpack::Status Evaluator::score(PolicyStats& st, const Window& w, bool baseline,
   st.prefill_s += seconds_since(t0) - scoring_s;
   st.prefill_tokens += n;
   st.kl.insert(st.kl.end(), kls.begin(), kls.end());
+  if constexpr (requires { cache->saturated_values(); }) {  // Calibrated<>
+    st.tracks_saturation = true;
+    st.saturated += cache->saturated_values();
+  }
   if (!first_window) return kl::collect_offload(*cache, st.offload);
   st.kv_bytes = cache->memory_bytes();
   st.kv_tokens = n;

@@ -36,6 +36,8 @@ struct PolicyStats {
   double tokens_at_end = 0;        // the same at the end of scoring (first window)
   std::vector<NeedleResult> needle;
   kl::OffloadReport offload;  // Offload<> policies only
+  bool tracks_saturation = false;  // Calibrated<> policies:
+  int64_t saturated = 0;           //   stored values beyond the FP8 range, all windows
 
   [[nodiscard]] double ppl() const { return std::exp(nll / double(std::max<int64_t>(scored, 1))); }
   [[nodiscard]] double bits_per_value() const { return kv_values ? 8.0 * double(kv_bytes) / double(kv_values) : 0; }

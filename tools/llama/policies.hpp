@@ -52,6 +52,11 @@ using Registry = PolicyList<
     // a baseline for the planner at the INT8 budget (docs/RESULTS-planner.md; not default).
     Policy<"kivi8", KVCache<Keys<Int8<Group<32>>, PerChannel>, Values<Int8<Group<32>>>>, false>,
     Policy<"fp8-e4m3", KVCache<Keys<Fp8E4M3<Group<32>>>, Values<Fp8E4M3<Group<32>>>>>,
+    // FP8 at 8.0 bits (codec/fp8_unscaled.hpp): scale 1 everywhere (vLLM's default k/v_scale), and
+    // scales calibrated per KV head or per channel on each layer's first chunk (Calibrated<>).
+    Policy<"fp8-e4m3-s1", KVCache<Keys<Fp8E4M3Unscaled>, Values<Fp8E4M3Unscaled>>, false>,
+    Policy<"fp8-e4m3-calib", Calibrated<KVCache<Keys<Fp8E4M3Unscaled>, Values<Fp8E4M3Unscaled>>>, false>,
+    Policy<"fp8-e4m3-calib-ch", Calibrated<KVCache<Keys<Fp8E4M3Unscaled>, Values<Fp8E4M3Unscaled>>, Calibrate<PerChannelScale>>, false>,
     // Eviction at a 1024-token budget (not default: they only act on contexts above 1024).
     Policy<"int4-g32+sink-window-1k", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, SinkWindow<4, 1020>>, false>,
     Policy<"int4-g32+h2o-1k", KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, H2O<512, 508, 4>>, false>,
