@@ -243,17 +243,9 @@ class KVCache {
       ws_.head_mass.resize(static_cast<std::size_t>(shape().kv_heads));
       if (ws_.exec) attend_parallel(layer, q, out, n_q, group);
       for (int h = 0; h < shape().kv_heads && !ws_.exec; ++h) {
-        const std::int64_t at = static_cast<std::int64_t>(h) * group * D;
-        kernels::AttendArgs a = store_.args_for(L, q.data() + at, out.data() + at, n_q, group);
-        kernels::HeadSegments seg = store_.segments(layer, h, hook_, off_, ws_.refs);
-        rope_.decorate(a, seg, ws_.refs, L, h, slot_tokens(L, h), block_tokens);
-        if constexpr (eviction_hook::wants_mass) {  // the kernel gathers each key's attention mass
-          std::vector<float>& m = ws_.head_mass[static_cast<std::size_t>(h)];
-          m.assign(static_cast<std::size_t>(store_.ordinals(seg)), 0.f);
-          a.key_mass = m.data();
-        }
-        codec_hook::attend(a, seg, store_.layout(), ws_.scratch);
-        if constexpr (demotes) attend_demoted(store_.tier(), layer, h, a, ws_.scratch, ws_.tier);  // + the low tier
+        const kernels::HeadJob job = head_job(layer, h, q, out, n_q, group, ws_.refs);
+        codec_hook::attend(job.args, job.seg, store_.layout(), ws_.scratch);
+        if constexpr (demotes) attend_demoted(store_.tier(), layer, h, job.args, ws_.scratch, ws_.tier);  // + the low tier
       }
       // Overflow (finite inputs whose products or sums exceed fp32) must not pass silently, nor
       // poison eviction scores: scores are credited only once every head's output is finite.
@@ -412,20 +404,8 @@ class KVCache {
   // attend() over the executor: one kernel job per KV head, cut into split-K chunks.
   void attend_parallel(int layer, std::span<const float> q, std::span<float> out, std::int64_t n_q, int group) {
     const auto H = static_cast<std::size_t>(shape().kv_heads);
-    const std::int64_t D = shape().head_dim;
     ws_.head_refs.resize(H), ws_.jobs.resize(H);
-    for (std::size_t h = 0; h < H; ++h) {
-      const std::int64_t at = static_cast<std::int64_t>(h) * group * D;
-      auto& job = ws_.jobs[h];
-      job = {store_.args_for(store_.layer(layer), q.data() + at, out.data() + at, n_q, group),
-             store_.segments(layer, static_cast<int>(h), hook_, off_, ws_.head_refs[h])};
-      rope_.decorate(job.args, job.seg, ws_.head_refs[h], store_.layer(layer), static_cast<int>(h),
-                     slot_tokens(store_.layer(layer), static_cast<int>(h)), block_tokens);
-      if constexpr (eviction_hook::wants_mass) {
-        ws_.head_mass[h].assign(static_cast<std::size_t>(store_.ordinals(job.seg)), 0.f);
-        job.args.key_mass = ws_.head_mass[h].data();
-      }
-    }
+    for (std::size_t h = 0; h < H; ++h) ws_.jobs[h] = head_job(layer, static_cast<int>(h), q, out, n_q, group, ws_.head_refs[h]);
     kernels::attend_parallel(std::span<const kernels::HeadJob>(ws_.jobs), demotes ? 1 : ws_.splits, ws_.exec, ws_.parallel,
                              [this](const kernels::AttendArgs& a, const kernels::HeadSegments& seg, kernels::Scratch& s) {
                                codec_hook::attend(a, seg, store_.layout(), s);
@@ -433,6 +413,21 @@ class KVCache {
     if constexpr (demotes)  // heads unsplit: part h's scratch keeps head h's softmax state; low tiers follow serially
       for (std::size_t h = 0; h < H; ++h)
         attend_demoted(store_.tier(), layer, static_cast<int>(h), ws_.jobs[h].args, ws_.parallel.scratch[h], ws_.tier);
+  }
+
+  // KV head h's kernel job: arguments, segments (in refs), RoPE positions, eviction's mass buffer.
+  kernels::HeadJob head_job(int layer, int h, std::span<const float> q, std::span<float> out, std::int64_t n_q, int group,
+                            std::vector<kernels::BlockRef>& refs) {
+    const auto& L = store_.layer(layer);
+    const std::int64_t at = static_cast<std::int64_t>(h) * group * shape().head_dim;
+    kernels::HeadJob job{store_.args_for(L, q.data() + at, out.data() + at, n_q, group), store_.segments(layer, h, hook_, off_, refs)};
+    rope_.decorate(job.args, job.seg, refs, L, h, slot_tokens(L, h), block_tokens);
+    if constexpr (eviction_hook::wants_mass) {
+      std::vector<float>& m = ws_.head_mass[static_cast<std::size_t>(h)];
+      m.assign(static_cast<std::size_t>(store_.ordinals(job.seg)), 0.f);
+      job.args.key_mass = m.data();
+    }
+    return job;
   }
 
   // PreRope ranks: the cache index of every slot of head h when slots are reused (eviction).
