@@ -131,6 +131,49 @@ TYPED_TEST(PoolAllocFault, EveryFailedAllocationIsAnErrorAndChangesNothing) {
   EXPECT_GT(injected, 20) << "the sweep must hit create, create_sequence, fork, append, attend, attend_batch";
 }
 
+// Pages store no positions: each layer keeps its paged tokens' positions as runs, grown during
+// append. Positions that jump at every token make every commit add runs; each allocation of an
+// append failing in turn must leave the runs (read_back positions), pages and stats as they were.
+TEST(PoolAllocFaultPositions, JumpingPositionsGrowTheRunsAllOrNothing) {
+  using Pool = PagedCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Residual<8>, Blocks<16>>;
+  const PoolConfig cfg{.shape = kShape, .byte_budget = 1 << 20, .max_sequences = 2, .max_rollback_tokens = 8};
+  auto pool = Pool::create(cfg).value();
+  const SeqId id = pool.create_sequence().value();
+  int failed = 0;
+  for (std::int64_t first = 0; first < 160; first += 40) {
+    std::vector<std::int32_t> pos(40);
+    for (int t = 0; t < 40; ++t) pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(3 * (first + t) + (t % 2));
+    const auto k = rows(5, first, 40, 0), v = rows(5, first, 40, 1);
+    for (long n = 1;; ++n) {
+      const auto before = pool.read_back(id, 0, 1).value();
+      const std::size_t free_before = pool.stats().pages_free;
+      g_countdown = n, g_fired = false;
+      Status st;
+      {
+        Arm a(true);
+        st = pool.append(id, 0, k, v, pos);
+      }
+      g_countdown = 0;
+      if (!g_fired) {
+        ASSERT_TRUE(st) << st.error().message;
+        break;
+      }
+      ++failed;
+      ASSERT_FALSE(st);
+      EXPECT_EQ(st.error().code, Errc::out_of_memory);
+      const auto after = pool.read_back(id, 0, 1).value();
+      EXPECT_EQ(after.positions, before.positions) << "allocation " << n;
+      EXPECT_EQ(after.k, before.k) << "allocation " << n;
+      EXPECT_EQ(pool.stats().pages_free, free_before) << "allocation " << n;
+    }
+  }
+  EXPECT_GT(failed, 4);
+  const auto c = pool.read_back(id, 0, 0).value();
+  ASSERT_EQ(c.positions.size(), 160u);
+  for (std::size_t i = 0; i < 160; ++i) EXPECT_EQ(c.positions[i], static_cast<std::int32_t>(3 * i + (i % 40) % 2)) << i;
+  EXPECT_GT(pool.block_positions(id, 0).value()->runs().size(), 60u);  // a run per jump
+}
+
 // memory_bytes() is noexcept and allocates nothing; stats() lists the live sequences, which
 // allocates (and shows that the counting allocator sees the pool's allocations).
 TYPED_TEST(PoolAllocFault, MemoryBytesAllocatesNothing) {

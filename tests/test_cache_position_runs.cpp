@@ -62,6 +62,29 @@ TEST(PositionRuns, ReservedRunsAreNotReallocated) {
   EXPECT_EQ(r.runs().size(), 5u);
 }
 
+TEST(PositionRuns, TruncateKeepsTheFirstTokensWithoutAllocating) {
+  const std::vector<std::int32_t> p{0, 1, 2, 3, 10, 11, 12, 4, 5, 20};
+  PositionRuns r;
+  r.push(p.data(), static_cast<std::int64_t>(p.size()));
+  EXPECT_EQ(r.leading_indices(), 4);  // 0, 1, 2, 3 sit at their indices
+  const std::size_t cap = r.allocated_bytes();
+  for (const std::int64_t n : {10, 9, 8, 6, 5, 4, 3, 0}) {
+    r.truncate(n);
+    EXPECT_EQ(r.size(), n);
+    EXPECT_EQ(decode_all(r), std::vector<std::int32_t>(p.begin(), p.begin() + n)) << n;
+    EXPECT_EQ(r.allocated_bytes(), cap);
+  }
+  EXPECT_TRUE(r.runs().empty());
+  EXPECT_EQ(r.leading_indices(), 0);
+  r.push_consecutive(0, 40);
+  EXPECT_EQ(r.leading_indices(), 40);
+  r.push_consecutive(7, 1);
+  EXPECT_EQ(r.leading_indices(), 40);
+  PositionRuns shifted;
+  shifted.push_consecutive(1, 8);
+  EXPECT_EQ(shifted.leading_indices(), 0);
+}
+
 using Dense = KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Blocks<16>>;
 using DenseKivi = KVCache<Keys<Int4<Group<16>>, PerChannel>, Values<Int4<Group<32>>>, Blocks<16>, Sinks<3>, Residual<5>>;
 using Evicting = KVCache<Keys<Int8<Group<32>>>, Values<Int8<Group<32>>>, H2O<8, 24>>;

@@ -185,7 +185,8 @@ TEST(PoolCreate, BadConfigurationsAreErrors) {
 }
 
 // Pool bytes per token at 32k tokens against the analytic size: codes and metadata at the codecs'
-// bits per value plus 4 bytes of position per token and KV head (as KVCache's memory test).
+// bits per value, nothing else (pages store no positions: the sequence keeps one run per layer,
+// counted in exact_bytes: 8 bytes for these consecutive positions).
 TEST(PoolMemory, BytesPerTokenMatchAnalyticAt32k) {
   using Pool = PagedCache<Keys<Int4<>>, Values<Int4<>>, Residual<32>>;
   const ModelShape shape{.layers = 1, .q_heads = 8, .kv_heads = 2, .head_dim = 128, .max_tokens = 32768};
@@ -196,13 +197,17 @@ TEST(PoolMemory, BytesPerTokenMatchAnalyticAt32k) {
   for (int t = 0; t < 32768; t += 1024) ASSERT_TRUE(pool.append(id, 0, chunk, chunk, kvtest::iota_positions(t, 1024)));
   const PoolStats s = pool.stats();
   const double per_token = static_cast<double>(s.bytes_used) / 32768.0;
-  const double analytic = 2 * (128 * (Pool::key_bits_per_value + Pool::value_bits_per_value) / 8 + 4);
+  const double analytic = 2 * 128 * (Pool::key_bits_per_value + Pool::value_bits_per_value) / 8;
   RecordProperty("pool_bytes_per_token", std::to_string(per_token));
   RecordProperty("analytic_bytes_per_token", std::to_string(analytic));
   EXPECT_NEAR(per_token / analytic, 1.0, 0.02) << per_token << " vs " << analytic;
   EXPECT_GE(per_token, analytic * (1 - 32.0 / 32768)) << "fewer bytes than the codes need";
   EXPECT_EQ(s.sequences.size(), 1u);
   EXPECT_EQ(s.sequences[0].tokens, 32768);
+  auto runs = pool.block_positions(id, 0);
+  ASSERT_TRUE(runs);
+  EXPECT_EQ((*runs)->runs().size(), 1u);
+  EXPECT_EQ((*runs)->size(), 32768 - 32);  // the residual window's 32 tokens are pending (fp32)
   EXPECT_EQ(pool.memory_bytes(), s.pages_total * s.page_bytes + s.overhead_bytes + s.exact_bytes);
 }
 

@@ -2,7 +2,9 @@
 // 95, 200 (GQA), serially and on several threads, bit-identical to attend() of each sequence
 // alone; bad batches are errors with `out` untouched. The prefix cache: a sequence that attaches
 // published pages decodes bit-identically to one that appended the whole prompt itself;
-// import_pages copies full pages in all or nothing (pool exhausted: nothing changes).
+// import_pages copies full pages in all or nothing (pool exhausted: nothing changes). Pages store
+// no positions: only pages whose tokens sit at their indices are published, attached and imported
+// tokens take their indices.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -192,6 +194,37 @@ TEST(PoolPrefix, ImportPagesCopiesFullPagesAllOrNothing) {
   ASSERT_FALSE(again) << "holds pending tokens now";
   EXPECT_EQ(again.error().code, Errc::invalid_argument);
   EXPECT_EQ(b.length(id).value(), 150);
+  for (int l = 0; l < kShape.layers; ++l) {  // imported tokens at their indices, then the appended ones
+    const PositionRuns& runs = *b.block_positions(id, l).value();
+    ASSERT_EQ(runs.size(), 128);
+    EXPECT_EQ(runs.runs().size(), 1u);
+    EXPECT_EQ(runs.at(127), 127);
+  }
+}
+
+TEST(PoolPrefix, OnlyPagesAtTheirIndicesArePublished) {
+  auto pool = Pool::create({.shape = kShape, .byte_budget = 1 << 24, .max_sequences = 4}).value();
+  std::vector<std::int32_t> prompt(250);
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int32_t>(i * 3 % 500);
+  auto append = [&](SeqId id, std::vector<std::int32_t> pos) {
+    const auto n = pos.size();
+    for (int l = 0; l < kShape.layers; ++l)
+      ASSERT_TRUE(pool.append(id, l, kvtest::normal(n * kRow, static_cast<std::uint32_t>(l)),
+                              kvtest::normal(n * kRow, static_cast<std::uint32_t>(9 + l)), pos));
+  };
+  const SeqId shifted = pool.create_sequence().value();
+  append(shifted, kvtest::iota_positions(1000, 250));  // 3 full pages, none at its indices
+  EXPECT_EQ(pool.publish_prefix(shifted, "m", prompt).value(), 0);
+  const SeqId jump = pool.create_sequence().value();
+  auto pos = kvtest::iota_positions(0, 250);
+  for (std::size_t i = 100; i < pos.size(); ++i) pos[i] += 400;  // tokens 0..99 at their indices
+  append(jump, pos);
+  EXPECT_EQ(pool.publish_prefix(jump, "m", prompt).value(), 1) << "page 0 (tokens 0..63) only";
+  const SeqId hit = pool.create_sequence().value();
+  EXPECT_EQ(pool.attach_prefix(hit, "m", prompt).value(), 64);
+  const auto c = pool.read_back(hit, 1, 1).value();
+  ASSERT_EQ(c.positions.size(), 64u);
+  for (std::size_t i = 0; i < 64; ++i) EXPECT_EQ(c.positions[i], static_cast<std::int32_t>(i));
 }
 
 }  // namespace pool_batch_test

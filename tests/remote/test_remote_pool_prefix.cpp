@@ -85,17 +85,14 @@ TEST(RemotePoolPrefix, PagesAreExchangedWithKVCacheBothWays) {
       const auto pages = a.pages(id, l, h).value();
       const auto blocks = single.blocks(l, h);
       ASSERT_EQ(pages.size(), 5u);
-      // Codes and metadata byte for byte; the KVCache keeps positions per layer (no eviction: no
-      // slot positions), the page one per slot: the token indices.
-      ASSERT_EQ(single.block_layout().bytes, a.block_layout().positions);
-      for (std::size_t p = 0; p < 5; ++p) {
-        EXPECT_EQ(std::memcmp(pages[p].data, blocks[p].data.get(), a.block_layout().positions), 0) << l << "/" << h << "/" << p;
-        for (int t = 0; t < 32; ++t) {
-          int32_t pos = -1;
-          std::memcpy(&pos, pages[p].data + a.block_layout().positions + static_cast<std::size_t>(t) * 4, 4);
-          EXPECT_EQ(pos, static_cast<int32_t>(p) * 32 + t);
-        }
-      }
+      // Codes and metadata byte for byte; neither stores positions in its blocks (no eviction):
+      // both keep them per layer as runs, here the token indices.
+      ASSERT_EQ(single.block_layout().bytes, a.block_layout().bytes);
+      for (std::size_t p = 0; p < 5; ++p)
+        EXPECT_EQ(std::memcmp(pages[p].data, blocks[p].data.get(), a.block_layout().bytes), 0) << l << "/" << h << "/" << p;
+      const kvpack::PositionRuns& runs = *a.block_positions(id, l).value();
+      ASSERT_EQ(runs.size(), 5 * 32);
+      for (int64_t t = 0; t < 5 * 32; ++t) EXPECT_EQ(runs.at(t), t);
     }
   // The pool publishes (after a flush), a fresh KVCache imports: equal to the one that appended.
   auto* admin = server->connect();

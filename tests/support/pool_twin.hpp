@@ -15,9 +15,22 @@
 
 namespace kvtest {
 
+/// Position of slot t of page b of (layer) in `id`: from the sequence's runs where pages store
+/// none (PagedCache without eviction), else from the page (EvictingPagedCache: one per slot).
+template <class Pool>
+std::int32_t page_position(const Pool& pool, kvpack::SeqId id, int layer, const kvpack::PageView& page, std::size_t b, int t) {
+  if constexpr (requires { pool.block_positions(id, layer); }) {
+    return pool.block_positions(id, layer).value()->at(static_cast<std::int64_t>(b) * pool.block_layout().tokens + t);
+  } else {
+    std::int32_t p = 0;
+    std::memcpy(&p, page.data + pool.block_layout().positions + static_cast<std::size_t>(t) * 4, 4);
+    return p;
+  }
+}
+
 /// Expects the pages of (layer, kv_head) of `id` to hold exactly the twin's blocks: same count,
-/// same codes and metadata bytes, same positions (pages store one per slot; a twin without slot
-/// positions keeps them as the layer's runs, KVCache::slot_positions).
+/// same codes and metadata bytes, same positions (page_position; a twin keeps one per slot or
+/// runs, KVCache::slot_positions).
 template <class Pool, class Cache>
 void expect_same_pages(const Pool& pool, kvpack::SeqId id, const Cache& twin, int layer, int kv_head) {
   auto pages = pool.pages(id, layer, kv_head);
@@ -25,25 +38,24 @@ void expect_same_pages(const Pool& pool, kvpack::SeqId id, const Cache& twin, in
   const auto blocks = twin.blocks(layer, kv_head);
   ASSERT_EQ(pages->size(), blocks.size()) << "layer " << layer << " head " << kv_head;
   const kvpack::BlockLayout& PL = pool.block_layout();
-  ASSERT_EQ(PL.pos_bytes, sizeof(std::int32_t));
-  ASSERT_EQ(PL.positions, twin.block_layout().positions);  // the same codes and metadata before it
+  ASSERT_EQ(PL.positions, twin.block_layout().positions);  // the same codes and metadata before any positions
+  ASSERT_EQ(PL.pos_bytes, twin.block_layout().pos_bytes);
   for (std::size_t b = 0; b < blocks.size(); ++b) {
     EXPECT_EQ((*pages)[b].header.count, blocks[b].header.count) << "block " << b;
     EXPECT_EQ(std::memcmp((*pages)[b].data, blocks[b].data.get(), PL.positions), 0) << "block " << b << " bytes differ";
-    for (int t = 0; t < PL.tokens; ++t) {
-      std::int32_t page_pos = 0, twin_pos = 0;
-      std::memcpy(&page_pos, (*pages)[b].data + PL.positions + static_cast<std::size_t>(t) * 4, 4);
+    for (int t = 0; t < blocks[b].header.count; ++t) {
+      std::int32_t twin_pos = 0;
       if constexpr (Cache::slot_positions) {
         std::memcpy(&twin_pos, blocks[b].data.get() + PL.positions + static_cast<std::size_t>(t) * 4, 4);
-      } else if (t < blocks[b].header.count) {
+      } else {
         twin_pos = twin.block_positions(layer).at(static_cast<std::int64_t>(b) * PL.tokens + t);
       }
-      EXPECT_EQ(page_pos, twin_pos) << "block " << b << " slot " << t;
+      EXPECT_EQ(page_position(pool, id, layer, (*pages)[b], b, t), twin_pos) << "block " << b << " slot " << t;
     }
   }
 }
 
-/// Expects two sequences of (possibly different) pools to hold the same page bytes and counts.
+/// Expects two sequences of (possibly different) pools to hold the same page bytes, counts and positions.
 template <class Pool>
 void expect_same_pages(const Pool& a, kvpack::SeqId ia, const Pool& b, kvpack::SeqId ib) {
   for (int l = 0; l < a.shape().layers; ++l)
@@ -56,6 +68,12 @@ void expect_same_pages(const Pool& a, kvpack::SeqId ia, const Pool& b, kvpack::S
         EXPECT_EQ((*pa)[i].header.count, (*pb)[i].header.count) << "layer " << l << " head " << h << " page " << i;
         EXPECT_EQ(std::memcmp((*pa)[i].data, (*pb)[i].data, a.block_layout().bytes), 0)
             << "layer " << l << " head " << h << " page " << i << " bytes differ";
+      }
+      if constexpr (requires { a.block_positions(ia, l); }) {  // pages without positions: compare the runs
+        const kvpack::PositionRuns& ra = *a.block_positions(ia, l).value();
+        const kvpack::PositionRuns& rb = *b.block_positions(ib, l).value();
+        ASSERT_EQ(ra.size(), rb.size()) << "layer " << l;
+        for (std::int64_t t = 0; t < ra.size(); ++t) ASSERT_EQ(ra.at(t), rb.at(t)) << "layer " << l << " token " << t;
       }
     }
 }

@@ -79,6 +79,20 @@ class PositionRuns {
     size_ += n;
   }
 
+  /// Keeps the first n tokens (n <= size()), forgetting the positions of the others (rollback).
+  /// Allocates nothing.
+  void truncate(std::int64_t n) noexcept {
+    while (!runs_.empty() && runs_.back().first >= n) runs_.pop_back();
+    size_ = std::min(size_, n);
+  }
+
+  /// Tokens from the start whose positions equal their indices (0, 1, ...): the prefix a prompt
+  /// fed from position 0 stores, the part of a sequence a prefix cache may share.
+  [[nodiscard]] std::int64_t leading_indices() const noexcept {
+    if (runs_.empty() || runs_.front().position != 0) return 0;
+    return runs_.size() > 1 ? runs_[1].first : size_;
+  }
+
   /// Bytes of the runs held / allocated.
   [[nodiscard]] std::size_t held_bytes() const noexcept { return runs_.size() * sizeof(Run); }
   [[nodiscard]] std::size_t allocated_bytes() const noexcept { return runs_.capacity() * sizeof(Run); }

@@ -37,9 +37,9 @@ template <class Cache>
 }
 
 /// The RecordLayout of a shared prefix page (RemotePrefixShare, RemotePoolPrefixShare):
-/// layout_for(cache) with the payload of a page that stores an int32 position per slot, as
-/// PagedCache pages do; a KVCache whose blocks hold none (KVCache::slot_positions false) adds
-/// them, so caches and pools of one policy address and open the same records.
+/// layout_for(cache) with the payload of a block plus an int32 position per slot. Blocks that
+/// hold none (PagedCache pages, KVCache::slot_positions false) add them from their position runs,
+/// so caches and pools of one policy address and open the same records.
 template <class Cache>
 [[nodiscard]] RecordLayout prefix_layout_for(const Cache& cache) noexcept {
   RecordLayout l = layout_for(cache);

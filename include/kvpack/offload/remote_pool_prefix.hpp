@@ -38,8 +38,10 @@
 // append of the whole prompt would have read its latest chunk exactly.
 //
 // Sinks<N> pools: publish() and attach() return Errc::unsupported (sink rows are not paged), as
-// PagedCache::publish_prefix does. Positions must be token indices (the prompt starts at 0);
-// publish() skips pages whose stored positions differ, attach() stops at such a page.
+// PagedCache::publish_prefix does. Positions must be token indices (the prompt starts at 0).
+// Pages store no positions: publish() writes each record's from the sequence's position runs
+// (PagedCache::block_positions; the record format is KVCache's and unchanged, PrefixPages skips
+// pages whose positions differ), attach() checks them (it stops at such a page) and drops them.
 #pragma once
 
 #include <sodium.h>
@@ -118,8 +120,22 @@ class RemotePoolPrefixShare {
         pages = std::min(pages, full);
         tables.push_back(std::move(t).value());
       }
+    std::vector<const PositionRuns*> runs;  // pages hold no positions: records carry them (from the runs)
+    for (int l = 0; l < shape_.layers; ++l) {
+      auto r = pool.block_positions(id, l);
+      if (!r) return fail(r.error().code, "RemotePoolPrefixShare::publish: " + r.error().message);
+      runs.push_back(*r);
+    }
+    const std::size_t at = pool.block_layout().bytes;  // codes and metadata; the record's positions follow
+    std::vector<std::byte> record(pages_.payload());
+    const WipeOnExit wipe_record{record};
     return pages_.publish(digests, pages, pages_per_batch, [&](int64_t p, int l, int h) -> const std::byte* {
-      return tables[static_cast<std::size_t>(l * shape_.kv_heads + h)][static_cast<std::size_t>(p)].data;
+      std::memcpy(record.data(), tables[static_cast<std::size_t>(l * shape_.kv_heads + h)][static_cast<std::size_t>(p)].data, at);
+      for (int t = 0; t < page_tokens; ++t) {
+        const int32_t pos = runs[static_cast<std::size_t>(l)]->at(p * page_tokens + t);
+        std::memcpy(record.data() + at + static_cast<std::size_t>(t) * sizeof pos, &pos, sizeof pos);
+      }
+      return record.data();
     });
   }
 
@@ -172,7 +188,10 @@ class RemotePoolPrefixShare {
         if (complete) ++verified;
       }
     }
-    Result<int64_t> r = pool.import_pages(id, std::span<const std::byte>(plain.data(), verified * per_page * payload));
+    // Records carry positions (checked: the token indices); the pool's pages hold codes and metadata only.
+    const std::size_t block = pool.block_layout().bytes;
+    for (std::size_t i = 0; i < verified * per_page; ++i) std::memmove(plain.data() + i * block, plain.data() + i * payload, block);
+    Result<int64_t> r = pool.import_pages(id, std::span<const std::byte>(plain.data(), verified * per_page * block));
     sodium_memzero(plain.data(), plain.size());
     if (!r) return fail(r.error().code, "RemotePoolPrefixShare::attach: " + r.error().message);
     return r;
@@ -182,6 +201,12 @@ class RemotePoolPrefixShare {
   RemotePoolPrefixShare(RemoteTier& tier, PageSealer sealer, std::string model_id, const ModelShape& shape,
                         std::size_t positions_offset)
       : pages_(tier, std::move(sealer), std::move(model_id), shape, positions_offset, page_tokens), shape_(shape) {}
+
+  // Zeroes a plaintext buffer however its scope is left (an exception included).
+  struct WipeOnExit {
+    std::vector<std::byte>& v;
+    ~WipeOnExit() { sodium_memzero(v.data(), v.size()); }
+  };
 
   // Resizes the plaintext buffer without leaving a copy of verified payloads behind.
   static void grow(std::vector<std::byte>& v, std::size_t n) {

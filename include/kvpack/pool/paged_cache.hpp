@@ -75,8 +75,9 @@ class BasicPagedCache {
         return fail(Errc::invalid_argument, "PagedCache::create: max_sequences must be >= 1 and max_rollback_tokens >= 0");
       auto st = std::make_unique<State>();
       st->cfg = cfg;
+      // Pages store no positions: each sequence keeps its paged tokens' positions as runs (PagedLayer::block_pos).
       st->layout = make_block_layout<typename codec_hook::key_codec, typename codec_hook::value_codec,
-                                     codec_hook::keys_per_channel>(block_tokens, cfg.shape.head_dim);
+                                     codec_hook::keys_per_channel>(block_tokens, cfg.shape.head_dim, false);
       auto pool = PagePool::create(st->layout.bytes, cfg.byte_budget, codec_hook::header(cfg.shape.head_dim));
       if (!pool) return pool.error();
       st->pool = std::move(pool.value());
@@ -112,17 +113,7 @@ class BasicPagedCache {
   [[nodiscard]] Result<SeqId> fork(SeqId parent) {
     auto p = find(parent, "fork");
     if (!p) return p.error();
-    return catch_alloc("fork", 0, [&]() -> Result<SeqId> {
-      typename State::NewLayers layers;
-      st_->make_layers(layers);
-      for (std::size_t l = 0; l < layers.v.size(); ++l) pool_detail::copy_exact((*p)->layers[l], layers.v[l]);
-      auto id = st_->open("fork", layers);
-      if (!id) return id;
-      for (const auto& L : st_->slots[id->index].layers)  // allocates nothing
-        for (const auto& table : L.pages)
-          for (const std::uint32_t pg : table) st_->pool->retain(pg);
-      return id;
-    });
+    return catch_alloc("fork", 0, [&] { return st_->fork(**p); });
   }
 
   /// Frees a sequence: its pages lose a reference (a page goes back to the free list, zeroed,
@@ -186,8 +177,8 @@ class BasicPagedCache {
       const auto n = static_cast<std::int64_t>(positions.size());
       // Reserve (rows, page tables, the spare list), take the pages, then change: nothing below
       // the take allocates, and `spare` returns its pages if anything throws before they are used.
-      pool_detail::reserve_append<codec_hook>(L, n, row_floats(), sink_tokens, residual_tokens, block_tokens, S.hist_cap,
-                                              shape().head_dim);
+      pool_detail::reserve_append<codec_hook>(L, positions, row_floats(), sink_tokens, residual_tokens, block_tokens,
+                                              S.hist_cap, shape().head_dim);
       SparePages spare(*st_->pool);
       const std::size_t need =
           pool_detail::pages_for_append(L, *S.pool, n, sink_tokens, residual_tokens, commit_unit, block_tokens);
@@ -253,7 +244,8 @@ class BasicPagedCache {
   /// Publishes the full pages of a sequence to the prefix cache: for each k with (k + 1) * B
   /// tokens committed in every layer and within tokens.size(), the pages of block k (every layer
   /// and KV head) under the key hash(model id, codec format id, tokens[0, (k + 1) * B)). `tokens`
-  /// are the token ids the sequence was fed, oldest first. Published pages gain a reference (they
+  /// are the token ids the sequence was fed, oldest first, at positions 0, 1, ... (publishing stops
+  /// at the first block whose positions are not its token indices). Published pages gain a reference (they
   /// stay until clear_prefix_cache) and are read-only from then on. Returns the blocks newly
   /// published. Errors: stale handle; Errc::unsupported with Sinks<N> (sink rows are not in pages);
   /// Errc::out_of_memory when an entry cannot be allocated: NOT all or nothing, the blocks before
@@ -285,12 +277,13 @@ class BasicPagedCache {
   /// side of a remote prefix tier (offload/remote_pool_prefix.hpp). `payloads`: n * layers *
   /// kv_heads pages of block_layout().bytes each, ordered [page][layer][kv_head], each a full
   /// block (Blocks<B> tokens) exactly as a page of this pool (or a KVCache block of the same
-  /// policies) holds it; headers are set to this codec's with count = B. Returns the sequence's
+  /// policies) holds it: codes and metadata, no positions (the tokens take their cache indices as
+  /// positions); headers are set to this codec's with count = B. Returns the sequence's
   /// length afterwards (a multiple of B). The tokens count as committed; the latest append and
   /// the rollback copies are dropped (truncate cannot go below the imported tokens), as with
   /// attach_prefix. Errors, with nothing changed: stale handle; a payload size that is not a
   /// whole number of pages, a sequence holding pending or uncommitted tokens or layers of
-  /// different lengths, a negative position (Errc::invalid_argument); more than max_tokens, or
+  /// different lengths (Errc::invalid_argument); more than max_tokens, or
   /// the page pool short of n * layers * kv_heads free pages (Errc::capacity_exceeded, naming
   /// pages needed and free); Sinks<N> (Errc::unsupported: sink rows are not paged);
   /// Errc::out_of_memory when the page tables cannot grow (before any page is taken: nothing changed).
@@ -319,6 +312,14 @@ class BasicPagedCache {
         v.push_back({p, st_->pool->data(p), st_->pool->header(p), st_->pool->refs(p)});
       return v;
     });
+  }
+
+  /// Positions of `layer`'s paged tokens (page k slot t: token k * B + t; pages store none).
+  [[nodiscard]] Result<const PositionRuns*> block_positions(SeqId id, int layer) const {
+    auto s = find(id, "block_positions");
+    if (!s) return s.error();
+    if (Status c = check_layer("block_positions", layer); !c) return c.error();
+    return &(*s)->layers[static_cast<std::size_t>(layer)].block_pos;
   }
 
   /// Decodes everything (layer, kv_head) of the sequence holds as attention reads it (the latest
@@ -380,10 +381,7 @@ class BasicPagedCache {
   Status batch_checked(int layer, std::span<const SeqId> seqs, std::span<const float> q, const BatchMask* masks,
                        std::span<float> out, const Executor& exec, std::span<Workspace> workspaces) const {
     const std::size_t N = seqs.size(), qrow = static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(shape().head_dim);
-    if (N == 0 || q.size() != N * qrow || out.size() != q.size() || workspaces.empty())
-      return fail(Errc::invalid_argument, "attend_batch: need N >= 1 sequences, q and out of N * q_heads * head_dim = " +
-                                              std::to_string(N * qrow) + " floats (got " + std::to_string(q.size()) + ", " +
-                                              std::to_string(out.size()) + ") and at least one workspace");
+    if (Status c = pool_detail::check_batch_sizes(N, qrow, q.size(), out.size(), workspaces.size()); !c) return c;
     std::vector<const pool_detail::PagedLayer*> Ls(N);
     for (std::size_t i = 0; i < N; ++i) {
       auto s = find(seqs[i], "attend_batch");
@@ -410,9 +408,7 @@ class BasicPagedCache {
         return {};
       });
     };
-    if (exec) exec(W, task);
-    else
-      for (int w = 0; w < W; ++w) task(w);
+    pool_detail::run_tasks(W, exec, task);
     for (Status& r : res)
       if (!r) return r;
     for (std::size_t i = 0; i < N; ++i)

@@ -279,9 +279,7 @@ class EvictingPagedCache {
   Status batch(int layer, std::span<const SeqId> seqs, std::span<const float> q, std::span<float> out,
                const Executor& exec, std::span<Workspace> workspaces) {
     const std::size_t N = seqs.size(), qrow = static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(shape().head_dim);
-    if (N == 0 || q.size() != N * qrow || out.size() != q.size() || workspaces.empty())
-      return fail(Errc::invalid_argument, "attend_batch: need N >= 1 sequences, q and out of N * q_heads * head_dim = " +
-                                              std::to_string(N * qrow) + " floats and at least one workspace");
+    if (Status c = pool_detail::check_batch_sizes(N, qrow, q.size(), out.size(), workspaces.size()); !c) return c;
     std::vector<Seq*> S(N);
     for (std::size_t i = 0; i < N; ++i) {
       auto s = find(seqs[i], "attend_batch");
@@ -311,9 +309,7 @@ class EvictingPagedCache {
                              static_cast<std::int64_t>(i));
         });
     };
-    if (exec) exec(W, task);
-    else
-      for (int w = 0; w < W; ++w) task(w);
+    pool_detail::run_tasks(W, exec, task);
     for (Status& r : res)
       if (!r && r.error().code == Errc::out_of_memory) return r;
     for (std::size_t i = 0; i < N; ++i)  // the workspace that ran sequence i: its refs have the room

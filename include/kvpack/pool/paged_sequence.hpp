@@ -25,6 +25,7 @@
 #include "kvpack/cache/block.hpp"
 #include "kvpack/cache/exact_segments.hpp"
 #include "kvpack/cache/pending_rows.hpp"
+#include "kvpack/cache/position_runs.hpp"
 #include "kvpack/cache/shape.hpp"
 #include "kvpack/detail/secure_zero.hpp"
 #include "kvpack/kernels/dispatch.hpp"
@@ -40,12 +41,15 @@ struct PagedLayer {
   PendingRows hist;                   ///< fp32 copies of the newest non-sink tokens (rollback)
   std::vector<float> chunk_k, chunk_v;  ///< exact copy of the latest append (CASES C5)
   std::vector<std::vector<std::uint32_t>> pages;  ///< page table: [kv_head][page], oldest first
+  PositionRuns block_pos;             ///< positions of the committed (paged) tokens: pages store none
   std::int64_t sinks_held = 0, committed = 0, total = 0, chunk_tokens = 0;
 
-  /// Bytes of fp32 rows and positions this layer holds (pending, rollback copies, sinks, chunk).
+  /// Bytes of fp32 rows and positions this layer holds (pending, rollback copies, sinks, chunk,
+  /// the paged tokens' position runs).
   [[nodiscard]] std::size_t exact_bytes(std::size_t row) const noexcept {
     const auto n = static_cast<std::size_t>(pend.size() + hist.size() + sinks_held + chunk_tokens);
-    return n * row * 2 * sizeof(float) + static_cast<std::size_t>(pend.size() + hist.size() + sinks_held) * 4;
+    return n * row * 2 * sizeof(float) + static_cast<std::size_t>(pend.size() + hist.size() + sinks_held) * 4 +
+           block_pos.held_bytes();
   }
   /// Zeroes every fp32 row and forgets the pages (the caller releases them first).
   void wipe() noexcept {
@@ -53,6 +57,7 @@ struct PagedLayer {
     detail::wipe_vector(sink_pos);
     pend.wipe();
     hist.wipe();
+    block_pos.wipe();
     for (auto& p : pages) p.clear();
     sinks_held = committed = total = chunk_tokens = 0;
   }
@@ -69,6 +74,7 @@ inline void copy_exact(const PagedLayer& from, PagedLayer& to) {
   to.sink_k = from.sink_k, to.sink_v = from.sink_v, to.sink_pos = from.sink_pos;
   to.chunk_k = from.chunk_k, to.chunk_v = from.chunk_v;
   to.pages = from.pages;
+  to.block_pos = from.block_pos;
   to.sinks_held = from.sinks_held, to.committed = from.committed, to.total = from.total;
   to.chunk_tokens = from.chunk_tokens;
   to.pend.wipe();
@@ -121,6 +127,7 @@ void commit(PagedLayer& L, PagePool& pool, const BlockLayout& layout, int kv_hea
       ++hd.version;
     }
   }
+  L.block_pos.push(L.pend.positions(), n_commit);  // runs reserved by reserve_append: allocates nothing
   L.committed = target;
   L.pend.drop_front(n_commit);
 }
@@ -142,12 +149,16 @@ void commit(PagedLayer& L, PagePool& pool, const BlockLayout& layout, int kv_hea
 
 /// Allocates ahead everything push() and commit() of an append of n tokens to L need: the chunk
 /// copy, sink rows, pending rows, rollback copies (hist_cap > 0), the page tables' growth and the
-/// codec's encode buffers, so that after it those steps allocate nothing (PagedCache::append's
-/// strong guarantee). May throw std::bad_alloc, leaving L's contents unchanged (only capacities grow).
+/// codec's encode buffers and the position runs of the tokens it may commit (pos: the append's
+/// positions), so that after it those steps allocate nothing (PagedCache::append's strong
+/// guarantee). May throw std::bad_alloc, leaving L's contents unchanged (only capacities grow).
 template <class Codec>
-void reserve_append(PagedLayer& L, std::int64_t n, std::size_t row, int sinks, int R, int B, std::int64_t hist_cap,
-                    int head_dim) {
+void reserve_append(PagedLayer& L, std::span<const std::int32_t> pos, std::size_t row, int sinks, int R, int B,
+                    std::int64_t hist_cap, int head_dim) {
   constexpr int U = Codec::commit_unit;
+  const auto n = static_cast<std::int64_t>(pos.size());
+  // Committed positions are a contiguous part of (pending, new): at most one run more than the whole.
+  L.block_pos.reserve_runs(L.block_pos.runs_added({L.pend.positions(), static_cast<std::size_t>(L.pend.size())}, pos) + 1);
   const std::size_t rest = static_cast<std::size_t>(n) - reserve_append_rows(L, n, row, sinks);
   if (hist_cap > 0 && rest > 0) L.hist.reserve(std::min(rest, static_cast<std::size_t>(hist_cap)));
   const std::int64_t total = L.total + n, sinks_after = std::min<std::int64_t>(sinks, total);
@@ -295,6 +306,7 @@ inline void truncate(PagedLayer& L, PagePool& pool, const BlockLayout& layout, s
   L.chunk_tokens = std::max<std::int64_t>(0, L.chunk_tokens - drop);
   cut(L.chunk_k, static_cast<std::size_t>(L.chunk_tokens) * row);
   cut(L.chunk_v, static_cast<std::size_t>(L.chunk_tokens) * row);
+  L.block_pos.truncate(c);
   L.sinks_held = s;
   L.committed = c;
   L.total = n_new;
@@ -323,12 +335,10 @@ template <class Codec>
   for (const std::uint32_t p : L.pages[static_cast<std::size_t>(h)]) {
     const BlockHeader& hd = pool.header(p);
     Codec::decode(layout, pool.data(p), hd.flags, hd.count, s);
-    std::int32_t pos[1];
     for (std::size_t t = 0; t < hd.count; ++t, ++index) {
       c.k.insert(c.k.end(), s.k_tile.begin() + static_cast<std::ptrdiff_t>(t * D), s.k_tile.begin() + static_cast<std::ptrdiff_t>((t + 1) * D));
       c.v.insert(c.v.end(), s.v_tile.begin() + static_cast<std::ptrdiff_t>(t * D), s.v_tile.begin() + static_cast<std::ptrdiff_t>((t + 1) * D));
-      std::memcpy(pos, pool.data(p) + layout.positions + t * sizeof(std::int32_t), sizeof pos);
-      c.positions.push_back(pos[0]);
+      c.positions.push_back(L.block_pos.at(index - L.sinks_held));
       c.indices.push_back(index);
     }
   }

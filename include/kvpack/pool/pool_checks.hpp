@@ -42,6 +42,24 @@ namespace kvpack::pool_detail {
 
 using cache_detail::check_queries;  // attend / attend_batch queries: the same rules as KVCache::attend
 
+/// Errc::invalid_argument unless attend_batch got N >= 1 sequences, q and out of N * qrow floats
+/// (qrow = q_heads * head_dim) and at least one workspace.
+[[nodiscard]] inline Status check_batch_sizes(std::size_t N, std::size_t qrow, std::size_t q, std::size_t out,
+                                              std::size_t workspaces) {
+  if (N > 0 && q == N * qrow && out == q && workspaces > 0) return {};
+  return fail(Errc::invalid_argument, "attend_batch: need N >= 1 sequences, q and out of N * q_heads * head_dim = " +
+                                          std::to_string(N * qrow) + " floats (got " + std::to_string(q) + ", " +
+                                          std::to_string(out) + ") and at least one workspace");
+}
+
+/// Runs task(0) ... task(W - 1) through the caller's executor, or in turn on this thread without one.
+template <class Executor, class Task>
+void run_tasks(int W, const Executor& exec, Task&& task) {
+  if (exec) exec(W, task);
+  else
+    for (int w = 0; w < W; ++w) task(w);
+}
+
 /// Checks the masks of a batched decode (BatchMask, pool_types.hpp) against the batch: N + 1
 /// non-decreasing offsets within values (Errc::invalid_argument); mask i of exactly tokens[i]
 /// entries (Errc::invalid_argument naming both lengths); no NaN or +inf entry (Errc::non_finite

@@ -95,6 +95,20 @@ struct PoolState {
     return s.publish(i);
   }
 
+  /// A new sequence sharing every page of `parent` (PagedCache::fork): its fp32 rows and position
+  /// runs are copied before a slot is taken; then the pages gain a reference (allocates nothing).
+  Result<SeqId> fork(const SeqSlot& parent) {
+    NewLayers layers;
+    make_layers(layers);
+    for (std::size_t l = 0; l < layers.v.size(); ++l) copy_exact(parent.layers[l], layers.v[l]);
+    auto id = open("fork", layers);
+    if (!id) return id;
+    for (const auto& L : slots[id->index].layers)
+      for (const auto& table : L.pages)
+        for (const std::uint32_t pg : table) pool->retain(pg);
+    return id;
+  }
+
   /// Releases slot i: its pages lose a reference, its rows are zeroed, its handle goes stale.
   void close(std::uint32_t i) {
     SeqSlot& s = slots[i];
@@ -141,9 +155,12 @@ struct PoolState {
     return m;
   }
 
+  // Only pages whose tokens sit at positions equal to their indices (a prompt fed from position 0)
+  // are published: an attaching sequence gets those positions (post-RoPE keys depend on them).
   std::int64_t publish(SeqSlot& s, std::string_view model_id, std::span<const std::int32_t> tokens) {
     const int B = layout.tokens;
-    const std::int64_t m = std::min(full_blocks(s, B), static_cast<std::int64_t>(tokens.size()) / B);
+    std::int64_t m = std::min(full_blocks(s, B), static_cast<std::int64_t>(tokens.size()) / B);
+    for (const PagedLayer& L : s.layers) m = std::min(m, L.block_pos.leading_indices() / B);
     std::uint64_t key = PrefixCache::root(model_id, Codec::format_id(), B, cfg.shape.head_dim, cfg.shape.layers, cfg.shape.kv_heads);
     std::int64_t added = 0;
     std::vector<std::uint32_t> pages;
@@ -168,8 +185,10 @@ struct PoolState {
     const std::size_t per_block = s.layers.size() * static_cast<std::size_t>(cfg.shape.kv_heads);
     // Room first (page tables for m_max blocks): after the lookup, nothing allocates. Found pages
     // are retained as found; `found` releases them if an allocation fails before they are placed.
-    for (PagedLayer& L : s.layers)
+    for (PagedLayer& L : s.layers) {
       for (auto& table : L.pages) table.reserve(static_cast<std::size_t>(m_max));
+      L.block_pos.reserve_runs(1);
+    }
     SparePages found(*pool);
     auto& pages = found.pages;  // [block][layer][kv_head]
     pages.reserve(static_cast<std::size_t>(m_max) * per_block);
@@ -186,7 +205,10 @@ struct PoolState {
           s.layers[l].pages[static_cast<std::size_t>(h)].push_back(
               pages[static_cast<std::size_t>(k) * per_block + l * static_cast<std::size_t>(cfg.shape.kv_heads) + static_cast<std::size_t>(h)]);
     pages.clear();  // now held by the page tables
-    for (PagedLayer& L : s.layers) L.total = L.committed = m * B;
+    for (PagedLayer& L : s.layers) {
+      L.total = L.committed = m * B;
+      L.block_pos.push_consecutive(0, m * B);  // as published: positions = indices (reserved above)
+    }
     return m * B;
   }
 
@@ -211,14 +233,10 @@ struct PoolState {
     if (have + n * B > cfg.shape.max_tokens)
       return fail(Errc::capacity_exceeded, "import_pages: " + std::to_string(have + n * B) + " tokens exceed max_tokens = " +
                                                std::to_string(cfg.shape.max_tokens));
-    for (std::size_t i = 0; i < static_cast<std::size_t>(n) * per_page; ++i)
-      for (int t = 0; t < B; ++t) {
-        std::int32_t p;
-        std::memcpy(&p, payloads.data() + i * layout.bytes + layout.positions + static_cast<std::size_t>(t) * sizeof p, sizeof p);
-        if (p < 0) return bad("negative position in an imported page");
-      }
-    for (PagedLayer& L : s.layers)
+    for (PagedLayer& L : s.layers) {
       for (auto& table : L.pages) reserve_geometric(table, table.size() + static_cast<std::size_t>(n));
+      L.block_pos.reserve_runs(1);
+    }
     SparePages taken(*pool);  // released if anything below throws (nothing does after the take)
     std::vector<std::uint32_t>& fresh = taken.pages;
     if (Status t = pool->take(static_cast<std::size_t>(n) * per_page, fresh, "import_pages"); !t) return t.error();
@@ -234,6 +252,7 @@ struct PoolState {
         }
     fresh.clear();  // now held by the page tables
     for (PagedLayer& L : s.layers) {
+      L.block_pos.push_consecutive(static_cast<std::int32_t>(have), n * B);  // positions = cache indices (reserved)
       L.total = L.committed = have + n * B;
       for (auto* v : {&L.chunk_k, &L.chunk_v}) detail::wipe_vector(*v);  // the latest append is not the newest any more
       L.chunk_tokens = 0;
