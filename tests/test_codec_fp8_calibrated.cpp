@@ -278,6 +278,74 @@ TEST(CalibratedCache, SetScalesValidatesAndSurvivesReset) {
   ASSERT_TRUE(kc.set_scales(0, two, {}));
 }
 
+TEST(CalibratedCache, ExtremeScalesStayFinite) {
+  const ModelShape shape{.layers = 1, .q_heads = 2, .kv_heads = 1, .head_dim = 64, .max_tokens = 64};
+  // A first chunk of tiny values (its scale would be denormal): the head keeps scale 1, and a
+  // later value of 1000 (beyond E4M3's 448) saturates, counted, instead of failing as Inf.
+  auto tiny = HeadCache::create(shape).value();
+  std::vector<float> k(64, 1e-37f), v(64, 1e-37f);
+  ASSERT_TRUE(tiny.append(0, k, v, kvtest::iota_positions(0, 1)));
+  EXPECT_FLOAT_EQ(tiny.key_scales(0)[0], 1.f);
+  std::fill(k.begin(), k.end(), 1000.f);
+  ASSERT_TRUE(tiny.append(0, k, v, kvtest::iota_positions(1, 1)));
+  EXPECT_EQ(tiny.saturated_values(), 64);
+  EXPECT_FLOAT_EQ(tiny.read_back(0, 0).value().k[64], 448.f);
+  // set_scales refuses denormal scales and ones whose scaled queries could overflow.
+  auto c = HeadCache::create(shape).value();
+  for (const float bad : {1e-40f, 1e38f}) {
+    const std::vector<float> s1{bad};
+    EXPECT_EQ(c.set_scales(0, s1, s1).error().code, Errc::invalid_argument) << bad;
+  }
+  const std::vector<float> small{1e-30f};
+  ASSERT_TRUE(c.set_scales(0, small, small));
+  std::fill(k.begin(), k.end(), 1e10f);
+  ASSERT_TRUE(c.append(0, k, v, kvtest::iota_positions(0, 1)));  // 1e10 / 1e-30 overflows: saturates, not Inf
+  ASSERT_TRUE(c.append(0, v, v, kvtest::iota_positions(1, 1)));   // commits the first token
+  EXPECT_EQ(c.saturated_values(), 64);
+  EXPECT_FLOAT_EQ(c.read_back(0, 0).value().k[0], 448.f * 1e-30f);
+  // E5M2: its max (57344) is the saturation point; never an Inf code.
+  auto e5 = Calibrated<KVCache<Keys<Fp8E5M2Unscaled>, Values<Fp8E5M2Unscaled>>>::create(shape).value();
+  std::fill(k.begin(), k.end(), 1.f);
+  ASSERT_TRUE(e5.append(0, k, k, kvtest::iota_positions(0, 1)));
+  std::fill(k.begin(), k.end(), 1e6f);
+  ASSERT_TRUE(e5.append(0, k, k, kvtest::iota_positions(1, 1)));
+  EXPECT_EQ(e5.saturated_values(), 128);
+  const auto rb = e5.read_back(0, 0).value();
+  EXPECT_FLOAT_EQ(rb.k[64], 57344.f * e5.key_scales(0)[0]);
+  EXPECT_TRUE(std::isfinite(rb.v[64]));
+}
+
+// Logits are unchanged by the scaling, so eviction keeps the same tokens: with power-of-two
+// scales (exact division) an H2O cache and its Calibrated twin hold and output the same bits.
+TEST(CalibratedCache, EvictionUnchangedUnderPowerOfTwoScales) {
+  using Plain = KVCache<Keys<E4>, Values<E4>, H2O<16, 16, 2>, Backend<Scalar>>;
+  const ModelShape shape{.layers = 1, .q_heads = 4, .kv_heads = 2, .head_dim = 64, .max_tokens = 256};
+  auto plain = Plain::create(shape).value();
+  auto cal = Calibrated<Plain>::create(shape).value();
+  const std::vector<float> ks{0.25f, 4.f}, vs{2.f, 0.125f};
+  ASSERT_TRUE(cal.set_scales(0, ks, vs));
+  std::uint32_t seed = 70;
+  for (int n : {33, 1, 31, 1, 1, 95}) {
+    auto k = kvtest::normal(static_cast<std::size_t>(n) * 128, seed++), v = kvtest::normal(static_cast<std::size_t>(n) * 128, seed++);
+    const auto pos = kvtest::iota_positions(plain.tokens(0), n);
+    ASSERT_TRUE(plain.append(0, k, v, pos));
+    ASSERT_TRUE(cal.append(0, k, v, pos));
+    const auto q = kvtest::normal(static_cast<std::size_t>(n) * 256, seed++);
+    std::vector<float> a(q.size()), b(q.size());
+    ASSERT_TRUE(plain.attend(0, q, a));
+    ASSERT_TRUE(cal.attend(0, q, b));
+    // Not bit-equal: fp8(x / s) * s differs from fp8(x) where x / s crosses the subnormal range.
+    for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-3 * (1 + std::abs(a[i])));
+  }
+  for (int h = 0; h < 2; ++h) {
+    EXPECT_EQ(plain.read_back(0, h).value().indices, cal.read_back(0, h).value().indices) << "head " << h;
+    EXPECT_EQ(plain.held_tokens(0, h), cal.held_tokens(0, h));
+  }
+  cal.clear();
+  EXPECT_EQ(cal.tokens(0), 0);
+  EXPECT_FLOAT_EQ(cal.key_scales(0)[1], 4.f);  // the caller's scales survive clear()
+}
+
 TEST(CalibratedCache, FailedAppendCalibratesNothing) {
   const ModelShape shape{.layers = 1, .q_heads = 2, .kv_heads = 1, .head_dim = 64, .max_tokens = 4};
   auto c = HeadCache::create(shape).value();

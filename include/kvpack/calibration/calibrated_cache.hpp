@@ -12,9 +12,11 @@
 // chunk): a = the largest |x| of the chunk per KV head (PerHeadScale) or per channel
 // (PerChannelScale, floored at the head's a / 16 so a channel that was quiet in calibration keeps
 // some range), and scale = a * 2^HeadroomLog2 / format max, so later values up to 2^HeadroomLog2 times
-// the calibrated maximum still encode without saturation (all-zero heads get scale 1). Engines
-// with offline statistics call set_scales() before a layer's first append instead. Values beyond
-// the range saturate to ±max * scale, as in every fp8 KV cache; saturated_values() counts them.
+// the calibrated maximum still encode without saturation. A head whose scale would not be a
+// normal float (all zeros, or below ~1e-36) keeps scale 1 for good: its values encode as they
+// are. Engines with offline statistics call set_scales() before a layer's first append instead.
+// Values beyond the range saturate to ±max * scale, as in every fp8 KV cache; saturated_values()
+// counts them. Not over Rotated<> (compile error): rotate outside, Rotated<Calibrated<...>>.
 //
 // How attention stays exact (S = diag(scales), positive): keys are stored as S⁻¹k and queries
 // scaled to S q, so (S q)·(S⁻¹k) = q·k; values are stored as S⁻¹v and the output Σ p S⁻¹v is
@@ -32,6 +34,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -73,7 +76,7 @@ template <class A, int H>
 inline constexpr bool is_calibrate_v<Calibrate<A, H>> = true;
 }  // namespace detail
 
-/// A KV cache (any kvpack::KVCache<...> or Rotated<...>) whose FP8-unscaled roles are stored
+/// A KV cache (any kvpack::KVCache<...>; rotate outside it: Rotated<Calibrated<...>>) whose FP8-unscaled roles are stored
 /// divided by calibrated scales: see the file comment. Same interface as the inner cache for
 /// create / append / attend / read_back / reset / clear and the size queries; inner() reaches the
 /// rest (holding scaled rows).
@@ -85,6 +88,9 @@ class Calibrated {
   static_assert(kScaleKeys || kScaleValues,
                 "kvpack::Calibrated<Cache, ...>: the cache's key or value codec must be Fp8E4M3Unscaled or "
                 "Fp8E5M2Unscaled (grouped codecs store their own scales)");
+  static_assert(!requires { typename Cache::rotation; },
+                "kvpack::Calibrated<Rotated<...>>: scales chosen on unrotated rows do not fit the rotated rows the codec "
+                "stores; rotate outside the scaling: Rotated<Calibrated<KVCache<...>>>");
   static_assert(!(Cal::per_channel && takes_pre_rope_v<Cache>),
                 "kvpack::Calibrated<Cache, Calibrate<PerChannelScale>>: RoPE mixes channel pairs, so per-channel scales "
                 "do not commute with a PreRope<> cache's rotation; use PerHeadScale");
@@ -183,7 +189,8 @@ class Calibrated {
   /// reset/clear): k_scales / v_scales hold kv_heads x (head_dim if per-channel, else 1) scales,
   /// [kv_head][channel], finite and > 0; a role this cache does not scale takes an empty span.
   /// Scales set here survive reset() and clear(). Errors: invalid_argument (layer, sizes, a layer
-  /// that holds tokens, scale <= 0), non_finite; nothing changes on error.
+  /// that holds tokens, a scale outside [FLT_MIN, FLT_MAX / format max]: a denormal scale would
+  /// overflow the division, a larger one the scaled query), non_finite; nothing changes on error.
   Status set_scales(int layer, std::span<const float> k_scales, std::span<const float> v_scales) {
     if (!valid_layer(layer)) return fail(Errc::invalid_argument, "Calibrated::set_scales: layer " + std::to_string(layer) + " out of range");
     if (inner_.tokens(layer) != 0)
@@ -197,7 +204,9 @@ class Calibrated {
     for (const auto sp : {k_scales, v_scales})
       for (const float s : sp) {
         if (!std::isfinite(s)) return fail(Errc::non_finite, "Calibrated::set_scales: a scale is NaN or Inf");
-        if (!(s > 0.f)) return fail(Errc::invalid_argument, "Calibrated::set_scales: scales must be > 0");
+        if (!(s >= kMinScale && s <= kMaxScale))
+          return fail(Errc::invalid_argument, "Calibrated::set_scales: scale " + std::to_string(s) + " outside [" +
+                                                  std::to_string(kMinScale) + ", " + std::to_string(kMaxScale) + "]");
       }
     if constexpr (kScaleKeys) std::copy(k_scales.begin(), k_scales.end(), layer_begin(k_scale_, layer));
     if constexpr (kScaleValues) std::copy(v_scales.begin(), v_scales.end(), layer_begin(v_scale_, layer));
@@ -242,9 +251,14 @@ class Calibrated {
     forget_data_scales();
   }
 
-  /// The inner cache's bytes plus the scales (4 bytes each, per scaled role).
+  /// The inner cache's bytes plus the scales (4 bytes each, per scaled role; allocated at create,
+  /// so counted after reset() and clear() too).
   [[nodiscard]] std::size_t memory_bytes() const noexcept { return inner_.memory_bytes() + scale_bytes(); }
-  [[nodiscard]] std::size_t allocated_bytes() const noexcept { return inner_.allocated_bytes() + scale_bytes(); }
+  /// allocated_bytes: also the scaled copies of the largest append and query (kept for reuse).
+  [[nodiscard]] std::size_t allocated_bytes() const noexcept {
+    return inner_.allocated_bytes() + scale_bytes() +
+           (kbuf_.capacity() + vbuf_.capacity() + qbuf_.capacity() + cand_k_.capacity() + cand_v_.capacity()) * sizeof(float);
+  }
   [[nodiscard]] std::int64_t tokens(int layer) const noexcept { return inner_.tokens(layer); }
   [[nodiscard]] std::int64_t held_tokens(int layer, int kv_head = 0) const noexcept { return inner_.held_tokens(layer, kv_head); }
   [[nodiscard]] std::int64_t quantized_tokens(int layer) const noexcept { return inner_.quantized_tokens(layer); }
@@ -261,6 +275,9 @@ class Calibrated {
 
  private:
   static constexpr std::uint8_t kUncalibrated = 0, kFromData = 1, kFromCaller = 2;
+  // Scales accepted: normal floats, small enough that a query of the format's range stays finite.
+  static constexpr float kMinScale = std::numeric_limits<float>::min();
+  static constexpr float kMaxScale = std::numeric_limits<float>::max() / kE5M2Max;
 
   Calibrated(Cache c, std::size_t n)
       : inner_(std::move(c)), k_scale_(kScaleKeys ? n : 0, 1.f), v_scale_(kScaleValues ? n : 0, 1.f),
@@ -299,16 +316,17 @@ class Calibrated {
     for (std::size_t h = 0; h < H; ++h) {
       const float head = *std::max_element(amax.begin() + static_cast<std::ptrdiff_t>(h * D),
                                            amax.begin() + static_cast<std::ptrdiff_t>((h + 1) * D));
-      if (head == 0.f) continue;  // an all-zero head keeps scale 1
+      // An all-zero (or all-denormal-scale) head keeps scale 1: its values encode as they are.
+      if (static_cast<double>(head) / 16 * room < kMinScale) continue;
       for (std::size_t c = 0; c < per_head(); ++c) {
         const float a = Cal::per_channel ? std::max(amax[h * D + c], head / 16.f) : head;
-        out[h * per_head() + c] = static_cast<float>(a * room);
+        out[h * per_head() + c] = static_cast<float>(std::min<double>(a * room, kMaxScale));
       }
     }
   }
 
-  /// buf = x with every element divided by its (KV head, channel) scale; returns how many scaled
-  /// values lie beyond the max of codec C's format (they will saturate).
+  /// buf = x with every element divided by its (KV head, channel) scale; returns how many lie
+  /// beyond the max of codec C's format (the codec saturates them).
   template <class C>
   std::int64_t divided(std::span<const float> x, std::span<const float> scales, std::vector<float>& buf) {
     const std::size_t H = static_cast<std::size_t>(inner_.shape().kv_heads), D = static_cast<std::size_t>(inner_.shape().head_dim);
@@ -316,8 +334,11 @@ class Calibrated {
     std::int64_t over = 0;
     for (std::size_t i = 0; i < x.size(); ++i) {
       const std::size_t h = (i / D) % H, c = Cal::per_channel ? i % D : 0;
-      buf[i] = x[i] / scales[h * per_head() + c];
-      over += std::abs(buf[i]) > C::format::max ? 1 : 0;
+      const float y = x[i] / scales[h * per_head() + c];
+      over += std::abs(y) > C::format::max ? 1 : 0;
+      // A finite beyond-range y stays (the latest chunk is read exactly; the codec saturates it
+      // when it quantizes); one that overflowed to Inf becomes what the codec would store.
+      buf[i] = std::isfinite(y) ? y : std::copysign(C::format::max, y);
     }
     return over;
   }
