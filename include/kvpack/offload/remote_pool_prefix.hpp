@@ -14,11 +14,12 @@
 //
 // Records and keys are exactly RemotePrefixShare's: prefix digests and page keys of
 // remote_page_key.hpp (BLAKE2b over model id, layer, KV head, KV heads, page index, the record
-// layout of layout_for(pool) = codec format, bits, groups, key axis, head_dim, Blocks<B>, payload
-// bytes; and the token ids of the whole prefix up to the page's end), values sealed by PageSealer
+// layout of prefix_layout_for(pool) = codec format, bits, groups, key axis, head_dim, Blocks<B>,
+// payload bytes (a page's codes and metadata + an int32 position per slot); and the token ids of
+// the whole prefix up to the page's end), values sealed by PageSealer
 // (remote_page_codec.hpp: a block record, XChaCha20-Poly1305 under a key derived from the shared
 // secret, bound to its key). A pool page holds the same bytes as the block of a KVCache of the
-// same policies fed the same tokens (pool/paged_cache.hpp), and layout_for() of both is the same
+// same policies fed the same tokens (pool/paged_cache.hpp), and prefix_layout_for() of both is the same
 // RecordLayout, so a page published by RemotePrefixShare<KVCache<P...>> is found and imported by
 // RemotePoolPrefixShare<PagedCache<P...>> and vice versa (tests/remote/test_remote_pool_prefix.cpp).
 // Pools of another codec, group size, head layout or block size compute other keys and never see
@@ -86,10 +87,10 @@ class RemotePoolPrefixShare {
     auto sealer = PageSealer::create(keys, prefix_layout_for(pool), encrypt);
     if (!sealer) return sealer.error();
     return RemotePoolPrefixShare(tier, std::move(sealer).value(), std::move(model_id), pool.shape(),
-                                 pool.block_layout().positions);
+                                 pool.block_layout().bytes);  // pages hold codes and metadata: the record's positions follow
   }
 
-  /// Bytes of one sealed page value (block payload + 72).
+  /// Bytes of one sealed page value (page payload + 4 bytes of position per slot + 72).
   [[nodiscard]] std::size_t value_bytes() const noexcept { return pages_.sealer().record_size(); }
   /// The tier (stats, ping).
   [[nodiscard]] RemoteTier& tier() const noexcept { return pages_.tier(); }
@@ -149,7 +150,7 @@ class RemotePoolPrefixShare {
   /// prompt[result, end). A miss, a down or slow server, a tampered, wrong-key, foreign-codec or
   /// foreign-layout record only shortens the import (rejected records are counted in the tier's
   /// stats). Memory: the verified payloads are held in one buffer (pages * layers * kv_heads *
-  /// block bytes), zeroed before return. Errors, with the sequence and the pool unchanged: stale
+  /// record payload bytes), zeroed however attach returns. Errors, with the sequence and the pool unchanged: stale
   /// handle, a sequence holding pending or uncommitted tokens (Errc::invalid_argument); the pool
   /// short of free pages or max_tokens exceeded (Errc::capacity_exceeded, from
   /// PagedCache::import_pages; the message names pages needed and free); Sinks<N>
@@ -176,6 +177,7 @@ class RemotePoolPrefixShare {
     const int64_t step = std::max(1, pages_per_batch);
     std::vector<PageDigest> digs;
     std::vector<std::byte> plain;  // verified payloads, [page][layer][kv_head]
+    const WipeOnExit wipe_plain{plain};
     std::size_t verified = 0;      // pages in `plain`
     bool complete = true;
     for (int64_t p0 = have / page_tokens; complete && p0 < pages; p0 += step) {

@@ -21,10 +21,10 @@
 // The cache type must be plain (no eviction, sinks, keyframe codecs or Offload<>): its block b
 // holds exactly tokens [b * B, (b + 1) * B) (KVCache::import_block checks this too). Positions
 // must be the token indices (the prompt starts at position 0); publish() skips pages whose
-// positions differ. Records hold the page pool's payload (codes, metadata and an int32 position
-// per slot), so KVCaches and PagedCaches of one policy share pages: a cache whose blocks store no
-// positions (KVCache::slot_positions false) adds them when it publishes and drops them, checked,
-// when it imports.
+// positions differ. Records hold codes, metadata and an int32 position per slot
+// (prefix_layout_for), so KVCaches and PagedCaches of one policy share pages: caches and pools
+// whose blocks store no positions (KVCache::slot_positions false, every PagedCache page) add them
+// from their position runs when they publish and drop them, checked, when they import.
 #pragma once
 
 #include <sodium.h>

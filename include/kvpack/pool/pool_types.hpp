@@ -68,7 +68,7 @@ struct SequenceStats {
   SeqId id;
   std::int64_t tokens = 0;        ///< tokens appended to layer 0 (the sequence length)
   std::size_t pages = 0;          ///< pages in its page tables (shared ones included)
-  std::size_t exact_bytes = 0;    ///< bytes of its fp32 rows: sinks, pending, rollback copies, latest chunk
+  std::size_t exact_bytes = 0;    ///< bytes of its fp32 rows (sinks, pending, rollback copies, latest chunk) and position runs
 };
 
 /// A snapshot of the pool (PagedCache::stats()).
@@ -87,7 +87,7 @@ struct PoolStats {
   /// pages times page_bytes (what separate caches would hold in blocks).
   std::size_t bytes_if_unshared = 0;
   std::size_t overhead_bytes = 0; ///< fixed overhead: per page its BlockHeader, refcount and free-list entry (24 B)
-  std::size_t exact_bytes = 0;    ///< fp32 rows of every sequence (SequenceStats::exact_bytes summed)
+  std::size_t exact_bytes = 0;    ///< fp32 rows and position runs of every sequence (SequenceStats::exact_bytes summed)
   std::vector<SequenceStats> sequences;  ///< live sequences, by slot index
 };
 
