@@ -1,6 +1,6 @@
 // PagedCache with token-level eviction (pool/paged_eviction.hpp): a pool sequence fed the same
 // appends and attends as a KVCache of the same policies holds the same pages (codes, positions,
-// counts) and tokens, and attends bit-identically, at prompts of 1, 31, 33, 95 and 200 tokens
+// counts), tokens and read_back rows, and attends bit-identically, at prompts of 1, 31, 33, 95 and 200 tokens
 // (beyond every budget), two layers, GQA 6:2, for SinkWindow, H2O, SnapKV, TOVA and two
 // Protocol<P, FixedBudget> forms. Fork then evict on either side: each side equals a solo KVCache
 // of its own history, the other side's pages stay untouched. Exhaustion during a copy-on-write copy, truncate (unsupported), batched decode.
@@ -75,6 +75,12 @@ void feed(Pool& pool, SeqId id, Cache& cache, const Step& s) {
     for (int h = 0; h < kShape.kv_heads; ++h) {
       kvtest::expect_same_pages(pool, id, cache, l, h);
       EXPECT_EQ(*pool.held_tokens(id, l, h), cache.held_tokens(l, h)) << "layer " << l << " head " << h;
+      // read_back decodes the same held rows, cache indices and positions (bit for bit).
+      const auto got = pool.read_back(id, l, h), want = cache.read_back(l, h);
+      ASSERT_TRUE(got && want);
+      EXPECT_EQ(got->indices, want->indices) << "layer " << l << " head " << h;
+      EXPECT_EQ(got->positions, want->positions) << "layer " << l << " head " << h;
+      EXPECT_TRUE(kvtest::same_bits(got->k, want->k) && kvtest::same_bits(got->v, want->v)) << "layer " << l << " head " << h;
     }
 }
 

@@ -3,6 +3,7 @@
 // the same codes and bit-identical attention as the concrete types, and bad names fail clearly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -162,8 +163,8 @@ TEST(Registry, ErasedPoolAndCacheAgreeBitForBit) {
 
 // Evicting names through AnyPool, past their budgets (a quarter of max_tokens = 512):
 // a 200-token prompt and 24 decode steps, every step attended, equal the single-sequence cache of
-// the same name bit for bit (outputs and pages); a fork then evicts on its own; truncate is
-// unsupported.
+// the same name bit for bit (outputs and pages), read_back lists the held rows; a fork then
+// evicts on its own; truncate is unsupported.
 TEST(Registry, EvictingNamesEvictAsTheirSingleCache) {
   const ModelShape s = small_shape();
   const std::size_t row = static_cast<std::size_t>(s.kv_heads) * s.head_dim, qrow = static_cast<std::size_t>(s.q_heads) * s.head_dim;
@@ -199,6 +200,11 @@ TEST(Registry, EvictingNamesEvictAsTheirSingleCache) {
       for (std::size_t i = 0; i < blocks.size(); ++i)
         EXPECT_EQ(std::memcmp((*pages)[i].data, blocks[i].data.get(), (*solo)->block_layout().bytes), 0);
       EXPECT_LT(pages->size() * static_cast<std::size_t>((*pool)->block_tokens()), 200u);  // evicted
+      const auto held = (*pool)->read_back(id, 1, h);  // the held rows, by cache index (positions = indices here)
+      ASSERT_TRUE(held) << held.error().message;
+      EXPECT_LT(held->indices.size(), 225u);
+      EXPECT_TRUE(std::is_sorted(held->indices.begin(), held->indices.end()));
+      for (std::size_t i = 0; i < held->indices.size(); ++i) EXPECT_EQ(held->positions[i], held->indices[i]);
     }
     auto child = (*pool)->fork(id);
     ASSERT_TRUE(child);

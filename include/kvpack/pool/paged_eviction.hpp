@@ -43,7 +43,7 @@ namespace kvpack {
 /// Differences from the non-evicting pool: attend and attend_batch update the sequence's scores
 /// (non-const, as KVCache::attend); truncate is Errc::unsupported (eviction already dropped
 /// tokens and folded attention into scores: no earlier state can be rebuilt); no prefix cache,
-/// page import, masked batches or read_back (Errc::unsupported / absent). Fork shares every page;
+/// page import or masked batches (Errc::unsupported / absent). Fork shares every page;
 /// an append or compress_prompt copies a shared page before writing or zeroing a slot in it.
 /// Thread safety as PagedCache: calls on different sequences may run concurrently; calls on the
 /// same sequence must not overlap (attend writes scores).
@@ -320,28 +320,27 @@ class EvictingPagedCache {
   }
 
  public:
-
   /// The page table of (layer, kv_head) of a sequence, oldest page first (slot s in page s / B).
   /// Errc::invalid_argument: stale handle or indices out of range; Errc::out_of_memory.
   [[nodiscard]] Result<std::vector<PageView>> pages(SeqId id, int layer, int kv_head) const {
-    auto s = find(id, "pages");
-    if (!s) return s.error();
-    if (Status c = check_head("pages", layer, kv_head); !c) return c.error();
-    return catch_alloc("pages", 0, [&]() -> Result<std::vector<PageView>> {
+    return inspect<std::vector<PageView>>(id, layer, kv_head, "pages", [&](const Seq& q) {
       std::vector<PageView> v;
-      for (const std::uint32_t p : (*s)->store.layer(layer).pages[static_cast<std::size_t>(kv_head)])
+      for (const std::uint32_t p : q.store.layer(layer).pages[static_cast<std::size_t>(kv_head)])
         v.push_back({p, st_->pool->data(p), st_->pool->header(p), st_->pool->refs(p)});
       return v;
     });
   }
+  /// Decodes what (layer, kv_head) of the sequence holds as attention reads it (the latest append
+  /// aside), sorted by cache index: as KVCache::read_back of the same policies (bit-identical).
+  /// Errc::invalid_argument: stale handle or indices out of range; Errc::out_of_memory.
+  [[nodiscard]] Result<HeadContents> read_back(SeqId id, int layer, int kv_head) const {
+    return inspect<HeadContents>(id, layer, kv_head, "read_back", [&](const Seq& q) { return q.store.read_back(layer, kv_head); });
+  }
   /// The cache index each slot of (layer, kv_head) holds (-1: free), slot order (HeadStore::slot_token).
   /// Errc::invalid_argument: stale handle or indices out of range; Errc::out_of_memory.
   [[nodiscard]] Result<std::vector<std::int32_t>> slot_tokens(SeqId id, int layer, int kv_head) const {
-    auto s = find(id, "slot_tokens");
-    if (!s) return s.error();
-    if (Status c = check_head("slot_tokens", layer, kv_head); !c) return c.error();
-    return catch_alloc("slot_tokens", 0, [&]() -> Result<std::vector<std::int32_t>> {
-      return (*s)->store.layer(layer).heads[static_cast<std::size_t>(kv_head)].slot_token;
+    return inspect<std::vector<std::int32_t>>(id, layer, kv_head, "slot_tokens", [&](const Seq& q) {
+      return q.store.layer(layer).heads[static_cast<std::size_t>(kv_head)].slot_token;
     });
   }
 
@@ -433,6 +432,14 @@ class EvictingPagedCache {
     if (layer >= 0 && layer < shape().layers) return {};
     return fail(Errc::invalid_argument, std::string(what) + ": layer " + std::to_string(layer) + " out of range [0, " +
                                             std::to_string(shape().layers) + ")");
+  }
+  // A read-only query of (layer, kv_head) of a live sequence: f(seq), its std::bad_alloc an error.
+  template <class T, class F>
+  [[nodiscard]] Result<T> inspect(SeqId id, int layer, int kv_head, const char* what, F&& f) const {
+    auto s = find(id, what);
+    if (!s) return s.error();
+    if (Status c = check_head(what, layer, kv_head); !c) return c.error();
+    return catch_alloc(what, 0, [&]() -> Result<T> { return f(**s); });
   }
   [[nodiscard]] Status check_head(const char* what, int layer, int kv_head) const {
     if (layer >= 0 && layer < shape().layers && kv_head >= 0 && kv_head < shape().kv_heads) return {};

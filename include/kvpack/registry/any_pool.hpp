@@ -129,8 +129,7 @@ class PoolAdapter final : public AnyPool {
     return pool_.pages(id, layer, kv_head);
   }
   [[nodiscard]] Result<HeadContents> read_back(SeqId id, int layer, int kv_head) const override {
-    if constexpr (evicting) return no_eviction("read_back", id, layer, kv_head);
-    else return pool_.read_back(id, layer, kv_head);
+    return pool_.read_back(id, layer, kv_head);
   }
   [[nodiscard]] PoolStats stats() const override { return pool_.stats(); }
   [[nodiscard]] std::size_t memory_bytes() const override { return pool_.memory_bytes(); }
