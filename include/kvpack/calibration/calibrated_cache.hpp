@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "kvpack/cache/alloc_guard.hpp"
+#include "kvpack/cache/cache_adaptor.hpp"
 #include "kvpack/cache/rope_state.hpp"
 #include "kvpack/cache/shape.hpp"
 #include "kvpack/codec/fp8_unscaled.hpp"
@@ -81,7 +82,9 @@ inline constexpr bool is_calibrate_v<Calibrate<A, H>> = true;
 /// create / append / attend / read_back / reset / clear and the size queries; inner() reaches the
 /// rest (holding scaled rows).
 template <class Cache, class Cal = Calibrate<>>
-class Calibrated {
+class Calibrated : public CacheAdaptor<Cache> {
+  using Base = CacheAdaptor<Cache>;
+  using Base::inner_;
   static_assert(detail::is_calibrate_v<Cal>, "kvpack::Calibrated<Cache, Cal>: Cal must be kvpack::Calibrate<Axis, HeadroomLog2>");
   static constexpr bool kScaleKeys = detail::is_fp8_unscaled_v<typename Cache::key_codec>;
   static constexpr bool kScaleValues = detail::is_fp8_unscaled_v<typename Cache::value_codec>;
@@ -96,16 +99,9 @@ class Calibrated {
                 "do not commute with a PreRope<> cache's rotation; use PerHeadScale");
 
  public:
-  using inner_type = Cache;
-  using key_codec = typename Cache::key_codec;
-  using value_codec = typename Cache::value_codec;
-  using backend_tag = typename Cache::backend_tag;
-  static constexpr bool keys_per_channel = Cache::keys_per_channel;
-  static constexpr bool evicts = Cache::evicts;
-  static constexpr bool evicts_continuously = Cache::evicts_continuously;
+  using typename Base::key_codec;
+  using typename Base::value_codec;
   static constexpr bool pre_rope = takes_pre_rope_v<Cache>;
-  static constexpr double key_bits_per_value = Cache::key_bits_per_value;
-  static constexpr double value_bits_per_value = Cache::value_bits_per_value;
   static constexpr bool scales_keys = kScaleKeys;
   static constexpr bool scales_values = kScaleValues;
   static constexpr bool per_channel_scales = Cal::per_channel;
@@ -259,19 +255,8 @@ class Calibrated {
     return inner_.allocated_bytes() + scale_bytes() +
            (kbuf_.capacity() + vbuf_.capacity() + qbuf_.capacity() + cand_k_.capacity() + cand_v_.capacity()) * sizeof(float);
   }
-  [[nodiscard]] std::int64_t tokens(int layer) const noexcept { return inner_.tokens(layer); }
-  [[nodiscard]] std::int64_t held_tokens(int layer, int kv_head = 0) const noexcept { return inner_.held_tokens(layer, kv_head); }
-  [[nodiscard]] std::int64_t quantized_tokens(int layer) const noexcept { return inner_.quantized_tokens(layer); }
-  /// Eviction caches: tokens per (layer, KV head) the policy holds (Cache::eviction_budget).
-  [[nodiscard]] std::int64_t eviction_budget() const noexcept
-    requires requires(const Cache& c) { c.eviction_budget(); }
-  {
-    return inner_.eviction_budget();
-  }
-  [[nodiscard]] const ModelShape& shape() const noexcept { return inner_.shape(); }
-  /// The inner cache (holding scaled rows).
-  [[nodiscard]] Cache& inner() noexcept { return inner_; }
-  [[nodiscard]] const Cache& inner() const noexcept { return inner_; }
+  // Forwarded unchanged (CacheAdaptor): tokens, held_tokens, quantized_tokens, eviction_budget,
+  // demoted_tokens, shape, inner (holding scaled rows).
 
  private:
   static constexpr std::uint8_t kUncalibrated = 0, kFromData = 1, kFromCaller = 2;
@@ -280,7 +265,7 @@ class Calibrated {
   static constexpr float kMaxScale = std::numeric_limits<float>::max() / kE5M2Max;
 
   Calibrated(Cache c, std::size_t n)
-      : inner_(std::move(c)), k_scale_(kScaleKeys ? n : 0, 1.f), v_scale_(kScaleValues ? n : 0, 1.f),
+      : Base(std::move(c)), k_scale_(kScaleKeys ? n : 0, 1.f), v_scale_(kScaleValues ? n : 0, 1.f),
         state_(static_cast<std::size_t>(inner_.shape().layers), kUncalibrated) {}
 
   [[nodiscard]] bool valid_layer(int layer) const noexcept { return layer >= 0 && layer < inner_.shape().layers; }
@@ -368,7 +353,6 @@ class Calibrated {
     saturated_ = 0;
   }
 
-  Cache inner_;
   std::vector<float> k_scale_, v_scale_;  // [layers][kv_heads][per_head()], scaled roles only
   std::vector<std::uint8_t> state_;       // per layer: kUncalibrated, kFromData, kFromCaller
   std::int64_t saturated_ = 0;

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvpack/cache/cache_adaptor.hpp"
 #include "kvpack/cache/rope_state.hpp"
 #include "kvpack/cache/shape.hpp"
 #include "kvpack/result.hpp"
@@ -50,23 +51,17 @@ inline constexpr bool is_rotate_v<Rotate<R, V>> = true;
 /// Same interface as the inner cache for create / append / attend / read_back / reset and the
 /// size queries; inner() reaches the rest.
 template <class Cache, class Rot = Rotate<>>
-class Rotated {
+class Rotated : public CacheAdaptor<Cache> {
+  using Base = CacheAdaptor<Cache>;
+  using Base::inner_;
+
   static_assert(detail::is_rotate_v<Rot>, "kvpack::Rotated<Cache, Rot>: Rot must be kvpack::Rotate<R, RotateValues>");
   static_assert(!takes_pre_rope_v<Cache>, "kvpack::Rotated<Cache, Rot>: a PreRope<> cache rotates keys by RoPE after "
                                           "this rotation, and the two do not commute; use a post-RoPE cache");
 
  public:
-  using inner_type = Cache;
   using rotation = typename Rot::rotation;
   static constexpr bool rotates_values = Rot::values;
-  using key_codec = typename Cache::key_codec;
-  using value_codec = typename Cache::value_codec;
-  using backend_tag = typename Cache::backend_tag;
-  static constexpr bool keys_per_channel = Cache::keys_per_channel;
-  static constexpr bool evicts = Cache::evicts;
-  static constexpr bool evicts_continuously = Cache::evicts_continuously;
-  static constexpr double key_bits_per_value = Cache::key_bits_per_value;
-  static constexpr double value_bits_per_value = Cache::value_bits_per_value;
 
   /// Creates the inner cache (its errors returned as they are); extra arguments go to its create.
   template <class... A>
@@ -123,30 +118,11 @@ class Rotated {
   }
 
   void reset() { inner_.reset(); }
-  [[nodiscard]] std::size_t memory_bytes() const noexcept { return inner_.memory_bytes(); }
-  [[nodiscard]] std::size_t allocated_bytes() const noexcept { return inner_.allocated_bytes(); }
-  [[nodiscard]] std::int64_t tokens(int layer) const noexcept { return inner_.tokens(layer); }
-  [[nodiscard]] std::int64_t held_tokens(int layer, int kv_head = 0) const noexcept { return inner_.held_tokens(layer, kv_head); }
-  [[nodiscard]] std::int64_t quantized_tokens(int layer) const noexcept { return inner_.quantized_tokens(layer); }
-  /// Eviction caches: tokens per (layer, KV head) the policy holds (Cache::eviction_budget).
-  [[nodiscard]] std::int64_t eviction_budget() const noexcept
-    requires requires(const Cache& c) { c.eviction_budget(); }
-  {
-    return inner_.eviction_budget();
-  }
-  /// Demote<> caches: rows (layer, kv_head) holds in the low tier (Cache::demoted_tokens).
-  [[nodiscard]] std::int64_t demoted_tokens(int layer, int kv_head) const noexcept
-    requires requires(const Cache& c) { c.demoted_tokens(0, 0); }
-  {
-    return inner_.demoted_tokens(layer, kv_head);
-  }
-  [[nodiscard]] const ModelShape& shape() const noexcept { return inner_.shape(); }
-  /// The inner cache (holding rotated rows).
-  [[nodiscard]] Cache& inner() noexcept { return inner_; }
-  [[nodiscard]] const Cache& inner() const noexcept { return inner_; }
+  // Forwarded unchanged (CacheAdaptor): memory_bytes, allocated_bytes, tokens, held_tokens,
+  // quantized_tokens, eviction_budget, demoted_tokens, shape, inner (holding rotated rows).
 
  private:
-  explicit Rotated(Cache c) : inner_(std::move(c)) {}
+  explicit Rotated(Cache c) : Base(std::move(c)) {}
 
   /// buf = x with every head row (D consecutive floats) rotated by R.
   void rotated(std::span<const float> x, std::vector<float>& buf) {
@@ -156,7 +132,6 @@ class Rotated {
       rotate_row<rotation>(buf.data() + r * static_cast<std::size_t>(D), D);
   }
 
-  Cache inner_;
   std::vector<float> kbuf_, vbuf_, qbuf_;
 };
 
