@@ -6,7 +6,8 @@
 // armed with N, the N-th allocation inside a pool call throws std::bad_alloc, once. For N = 1,
 // 2, ... PagedCache::create runs (failing: Errc::out_of_memory naming it), then the script of
 // tests/support/pool_fault_script.hpp (create_sequence, 33-token prefill of 2 layers, attend,
-// fork, decode on both sides, attend_batch over both, truncate, prefix publish / attach where
+// fork, decode on both sides, attend_batch over both, truncate, swap_out / swap_in of the fork
+// (HostSwapTarget) while the parent appends, prefix publish / attach where
 // available, free): each call must succeed or return Errc::out_of_memory whose
 // message starts with the call's name; after a failure the snapshot (pool stats, every
 // sequence's tokens, page bytes, read_back or held tokens and slot order, a probe's attention)

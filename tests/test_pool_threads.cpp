@@ -2,12 +2,15 @@
 // frees of their own sequences, pages taken and released concurrently), each with its own
 // Workspace; results equal a serial run bit for bit. Also with eviction (H2O, SinkWindow): each
 // sequence's scores and policy state are its own, its pages copied before a shared one changes.
+// Every other sequence swaps itself out and back in now and then, through one shared
+// HostSwapTarget, while the others take and release pages.
 // Run under ThreadSanitizer (label tsan).
 #include <gtest/gtest.h>
 
 #include <thread>
 #include <vector>
 
+#include "kvpack/pool/page_swap.hpp"
 #include "support/pool_twin.hpp"
 
 namespace pool_threads_test {
@@ -24,7 +27,7 @@ constexpr int kThreads = 6, kSteps = 70;
 // Sequence s decodes kSteps tokens after a prompt of 20 + 7 s; returns the outputs of every step.
 // (The evicting pools hold 32-36 tokens: every sequence evicts, before and after its fork.)
 template <class Pool>
-std::vector<float> run(Pool& pool, int s, bool fork_midway) {
+std::vector<float> run(Pool& pool, int s, bool fork_midway, HostSwapTarget& swap) {
   std::vector<float> outs;
   Workspace ws;
   SeqId id = pool.create_sequence().value();
@@ -42,6 +45,10 @@ std::vector<float> run(Pool& pool, int s, bool fork_midway) {
       const SeqId child = pool.fork(id).value();
       EXPECT_TRUE(pool.free_sequence(id));
       id = child;
+    }
+    if (s % 2 == 0 && t % 10 == 5) {  // preempted and resumed: the outputs must not notice
+      EXPECT_TRUE(pool.swap_out(id, swap));
+      EXPECT_TRUE(pool.swap_in(id));
     }
     const auto q = kvtest::normal(kQRow, static_cast<std::uint32_t>(s * 7 + t));
     std::vector<float> out(kQRow);
@@ -66,14 +73,16 @@ TYPED_TEST(PoolThreads, ConcurrentDecodeOfDifferentSequencesEqualsSerial) {
   };
   Pool serial = make();
   std::vector<std::vector<float>> want(kThreads), got(kThreads);
-  for (int s = 0; s < kThreads; ++s) want[static_cast<std::size_t>(s)] = run(serial, s, s % 2 == 1);
+  HostSwapTarget swap;
+  for (int s = 0; s < kThreads; ++s) want[static_cast<std::size_t>(s)] = run(serial, s, s % 2 == 1, swap);
   Pool shared = make();
   std::vector<std::thread> threads;
   for (int s = 0; s < kThreads; ++s)
-    threads.emplace_back([&, s] { got[static_cast<std::size_t>(s)] = run(shared, s, s % 2 == 1); });
+    threads.emplace_back([&, s] { got[static_cast<std::size_t>(s)] = run(shared, s, s % 2 == 1, swap); });
   for (auto& t : threads) t.join();
   for (int s = 0; s < kThreads; ++s) EXPECT_TRUE(kvtest::same_bits(got[static_cast<std::size_t>(s)], want[static_cast<std::size_t>(s)])) << s;
   EXPECT_EQ(shared.stats().pages_used, 0u);
+  EXPECT_EQ(swap.pages(), 0u);
 }
 
 // Attends change no output until the next append (eviction scores only count then), so every

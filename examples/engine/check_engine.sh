@@ -3,7 +3,8 @@
 # (int4-g32 per-token keys; kivi4 per-channel keys with an fp32 residual window, the hardest case
 # for rollback) and checks its JSON: >= 8 sequences, shared pages counted once (pool_bytes well
 # below pool_bytes_if_unshared), every request identical to its solo run, every rollback
-# identical to never appending the rejected tokens, forks isolated. Exit 77 (skipped) without
+# identical to never appending the rejected tokens, forks isolated, the preempted request's pages
+# swapped out and back bit-identical. Exit 77 (skipped) without
 # the model: KVPACK_MODEL_PATH names the GGUF file (bash tools/fetch_model.sh prints it).
 set -euo pipefail
 engine=$1
@@ -27,6 +28,7 @@ for path in sys.argv[1:]:
         "identical_to_solo": j["identical_to_solo"] is True,
         "rollback_identical": j["rollback_identical"] is True and j["rollback_checks"] > 0,
         "fork_isolated": j["fork_isolated"] is True,
+        "swap: pages moved out and back identical": j["swap"]["pages"] > 0 and j["swap"]["identical"] is True,
         "tokens_per_s > 0": j["tokens_per_s"] > 0,
     }
     for name, good in checks.items():

@@ -6,7 +6,9 @@
 // mid-run; one batched decode step per iteration (the dense layers on all rows at once, the
 // attention in one attend_batch call over the executor); one request doing parallel sampling
 // through fork; one doing speculative decoding (a draft on a cheaper policy proposes tokens, the
-// target verifies them in one chunk, rejected ones are rolled back with truncate). Then it
+// target verifies them in one chunk, rejected ones are rolled back with truncate); one request
+// preempted by swapping (its pages moved out of the pool to an encrypted file tier, or host
+// memory without libsodium, and brought back a few iterations later). Then it
 // checks itself: every request replayed alone on a fresh single-sequence cache of the same
 // policy, each rollback against a sequence that never received the rejected tokens, and the
 // shared prefix's pages unchanged by the forks.
@@ -29,6 +31,9 @@
 
 #include "llama/tokenizer.hpp"
 #include "serving.hpp"
+#if defined(KVPACK_HAS_SODIUM)
+#include <kvpack/offload/pool_swap_target.hpp>
+#endif
 
 namespace {
 
@@ -38,6 +43,7 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   std::string model, text = KVPACK_ENGINE_DEFAULT_TEXT, policy = "int4-g32", draft_policy = "int4-g64", json;
   int prefix = 384, requests = 10, prompt = 24, max_new = 24, samples = 3, draft = 4, threads = 2, pool_mb = 256;
+  int preempt_for = 4;  // iterations request 3 spends swapped out (0: no preemption)
 };
 
 // One live sequence of the engine: a request, or one branch of the parallel-sampling request.
@@ -46,6 +52,7 @@ struct Live {
   RequestSpec spec;
   SeqId seq, draft_seq;
   bool speculative = false, done = false;
+  int swapped_until = -1;         // swapped out (preempted) until this iteration
   int32_t pos = 0;                // position of the next token to feed
   std::vector<int32_t> out;       // generated tokens; out.back() is fed next
   std::mt19937_64 rng;
@@ -84,6 +91,8 @@ int main(int argc, char** argv) {
   app.add_option("--draft", o.draft, "draft tokens per speculative step")->capture_default_str()->check(CLI::Range(1, 16));
   app.add_option("--threads", o.threads, "executor threads for the batched attention")->capture_default_str()->check(CLI::Range(1, 64));
   app.add_option("--pool-mb", o.pool_mb, "page pool budget, MiB")->capture_default_str()->check(CLI::Range(1, 1 << 16));
+  app.add_option("--preempt-for", o.preempt_for, "iterations request 3 stays swapped out (0: none)")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
   app.add_option("--json", o.json, "write the JSON summary here");
   CLI11_PARSE(app, argc, argv);
   // The speculative request rolls back with truncate and the prefix is shared through the prefix
@@ -138,6 +147,23 @@ int main(int argc, char** argv) {
   const Snapshot root_before = take(snapshot(*pool, root), "snapshot");
   const double prefill_s = seconds_since(t_start);
 
+  // Swap space for preemption: an encrypted file tier (OffloadStore, ephemeral key) or host memory.
+#if defined(KVPACK_HAS_SODIUM)
+  kvpack::offload::StoreConfig swap_cfg;
+  swap_cfg.layout = kvpack::offload::swap_layout_for(*pool);
+  swap_cfg.file = kvpack::offload::FileTier{};
+  swap_cfg.resident_budget_bytes = 0;
+  auto swap_store = take(kvpack::offload::OffloadStore::create(swap_cfg), "swap store");
+  kvpack::offload::StoreSwapTarget swap_space(*swap_store);
+  const char* swap_tier = "encrypted file (OffloadStore FileTier)";
+#else
+  kvpack::HostSwapTarget swap_space;
+  const char* swap_tier = "host memory (HostSwapTarget)";
+#endif
+  std::size_t swap_pages = 0;
+  bool swap_identical = false;
+  std::optional<Snapshot> before_swap;
+
   std::vector<Live> live;
   int rollback_checks = 0, rollback_ok = 0, spec_steps = 0, drafted = 0, accepted = 0, peak_live = 0;
   kvpack::PoolStats peak{};
@@ -171,12 +197,26 @@ int main(int argc, char** argv) {
         live.push_back(std::move(br));
       }
     }
+    // Preemption: request 3 leaves the pool two iterations after it joined and comes back
+    // preempt_for iterations later (vLLM's swap preemption), its pages in swap space meanwhile.
+    for (Live& r : live) {
+      if (r.request != 3 || r.done || o.preempt_for == 0) continue;
+      if (step == arrive[3] + 2) {
+        before_swap = take(snapshot(*pool, r.seq), "snapshot");
+        swap_pages = take(pool->swap_out(r.seq, swap_space), "swap out");
+        r.swapped_until = step + o.preempt_for;
+      } else if (step == r.swapped_until) {
+        take(pool->swap_in(r.seq), "swap in");
+        swap_identical = take(snapshot(*pool, r.seq), "snapshot") == *before_swap;
+        r.swapped_until = -1;
+      }
+    }
     std::vector<std::size_t> batch;
     int running = 0;
     for (std::size_t i = 0; i < live.size(); ++i)
       if (!live[i].done) {
         ++running;
-        if (!live[i].speculative) batch.push_back(i);
+        if (!live[i].speculative && live[i].swapped_until < 0) batch.push_back(i);
       }
     if (running == 0 && step > arrive.back()) break;
     if (running > peak_live) {
@@ -282,6 +322,8 @@ int main(int argc, char** argv) {
       {"identical_to_solo", identical},
       {"rollback_identical", rollback_checks > 0 && rollback_ok == rollback_checks}, {"rollback_checks", rollback_checks},
       {"fork_isolated", root_unchanged && branches_differ},
+      {"swap", {{"request", 3}, {"pages", swap_pages}, {"iterations_out", o.preempt_for}, {"tier", swap_tier},
+                {"identical", swap_identical}}},
       {"speculative", {{"steps", spec_steps}, {"drafted", drafted}, {"accepted", accepted}}},
       {"generated_tokens", generated}, {"prefix_prefill_s", prefill_s}, {"serving_s", loop_s},
       {"tokens_per_s", double(generated) / loop_s}, {"solo_tokens_per_s", double(generated) / solo_s},
@@ -290,5 +332,6 @@ int main(int argc, char** argv) {
   if (!o.json.empty()) {
     std::ofstream(o.json) << j.dump(2) << "\n";
   }
-  return identical && root_unchanged && branches_differ && rollback_ok == rollback_checks ? 0 : 3;
+  const bool swap_ok = o.preempt_for == 0 || o.requests < 4 || swap_identical;
+  return identical && root_unchanged && branches_differ && rollback_ok == rollback_checks && swap_ok ? 0 : 3;
 }

@@ -10,6 +10,7 @@
 #include "kvpack/offload/crypto.hpp"
 #include "kvpack/offload/file_backend.hpp"
 #include "kvpack/offload/offload_store.hpp"
+#include "kvpack/offload/pool_swap_target.hpp"
 #include "kvpack/offload/prefetcher.hpp"
 #include "kvpack/offload/secure_memory.hpp"
 #include "kvpack/offload/tiers.hpp"

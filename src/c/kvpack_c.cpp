@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kvpack/executor.hpp"
+#include "kvpack/pool/page_swap.hpp"
 #include "kvpack/registry/registry.hpp"
 
 // Handle shells. A destroyed handle keeps its shell with `magic` set to kDead, so a later call with
@@ -22,6 +23,7 @@
 // list (keep_tombstone) and freed only at exit, so leak checkers see no leak.
 struct kvpack_pool {
   std::uint64_t magic = 0;
+  std::unique_ptr<kvpack::HostSwapTarget> swap;  // swap space; declared first: outlives the pool
   std::unique_ptr<kvpack::registry::AnyPool> pool;
   std::unique_ptr<kvpack::Workspace> own_ws;  // for attend calls with ws == NULL
   std::unique_ptr<std::mutex> own_ws_mutex;
@@ -206,6 +208,7 @@ kvpack_status kvpack_pool_create(const char* policy, const kvpack_pool_config* c
     if (!pool) return set_error(pool.error());
     auto h = std::make_unique<kvpack_pool>();
     h->pool = std::move(pool.value());
+    h->swap = std::make_unique<kvpack::HostSwapTarget>();
     h->own_ws = std::make_unique<kvpack::Workspace>();
     h->own_ws_mutex = std::make_unique<std::mutex>();
     h->magic = kPoolMagic;
@@ -217,7 +220,8 @@ kvpack_status kvpack_pool_create(const char* policy, const kvpack_pool_config* c
 void kvpack_pool_destroy(kvpack_pool* pool) {
   if (pool == nullptr || pool->magic != kPoolMagic) return;
   pool->magic = kDead;
-  pool->pool.reset();  // PagedCache zeroes its pages and rows
+  pool->pool.reset();  // PagedCache zeroes its pages and rows, and erases its swapped copies
+  pool->swap.reset();
   pool->own_ws.reset();
   pool->own_ws_mutex.reset();
   keep_tombstone(pool);
@@ -285,6 +289,26 @@ kvpack_status kvpack_seq_truncate(kvpack_pool* pool, kvpack_seq seq, int64_t new
   return guard("kvpack_seq_truncate", [&] {
     if (kvpack_status s = check_pool(pool, "kvpack_seq_truncate"); s != KVPACK_OK) return s;
     return from(pool->pool->truncate(to_id(seq), new_length));
+  });
+}
+
+kvpack_status kvpack_seq_swap_out(kvpack_pool* pool, kvpack_seq seq, int64_t* pages_moved) {
+  return guard("kvpack_seq_swap_out", [&] {
+    if (kvpack_status s = check_pool(pool, "kvpack_seq_swap_out"); s != KVPACK_OK) return s;
+    auto n = pool->pool->swap_out(to_id(seq), *pool->swap);
+    if (!n) return set_error(n.error());
+    if (pages_moved != nullptr) *pages_moved = static_cast<int64_t>(*n);
+    return KVPACK_OK;
+  });
+}
+
+kvpack_status kvpack_seq_swap_in(kvpack_pool* pool, kvpack_seq seq, int64_t* pages_moved) {
+  return guard("kvpack_seq_swap_in", [&] {
+    if (kvpack_status s = check_pool(pool, "kvpack_seq_swap_in"); s != KVPACK_OK) return s;
+    auto n = pool->pool->swap_in(to_id(seq));
+    if (!n) return set_error(n.error());
+    if (pages_moved != nullptr) *pages_moved = static_cast<int64_t>(*n);
+    return KVPACK_OK;
   });
 }
 

@@ -31,7 +31,7 @@ except ImportError:
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_bounds import query_error_bound, value_error_bound  # noqa: E402
 
-OK, INVALID, NON_FINITE, CAPACITY, UNSUPPORTED = 0, 1, 2, 3, 8
+OK, INVALID, NON_FINITE, CAPACITY, NOT_PRESENT, UNSUPPORTED = 0, 1, 2, 3, 7, 8
 
 
 class Shape(C.Structure):
@@ -83,6 +83,8 @@ def load(path):
         "kvpack_seq_free": (C.c_int, [C.c_void_p, Seq]),
         "kvpack_seq_length": (C.c_int, [C.c_void_p, Seq, C.POINTER(C.c_int64)]),
         "kvpack_seq_truncate": (C.c_int, [C.c_void_p, Seq, C.c_int64]),
+        "kvpack_seq_swap_out": (C.c_int, [C.c_void_p, Seq, C.POINTER(C.c_int64)]),
+        "kvpack_seq_swap_in": (C.c_int, [C.c_void_p, Seq, C.POINTER(C.c_int64)]),
         "kvpack_append": (C.c_int, [C.c_void_p, Seq, C.c_int32, FP, FP, IP, C.c_int64]),
         "kvpack_attend": (C.c_int, [C.c_void_p, Seq, C.c_int32, FP, C.c_int64, FP, C.c_void_p]),
         "kvpack_attend_batch": (C.c_int, [C.c_void_p, C.c_int32, C.POINTER(Seq), C.c_int64, FP, FP,
@@ -340,6 +342,43 @@ def test_batch_fork_truncate(lib, rng):
     lib.kvpack_pool_destroy(pool.h)
 
 
+def test_swap(lib, rng):
+    """Swap out frees a sequence's pages for others; swap in restores it bit-identical to a twin
+    never swapped (another pool fed the same tokens); a swapped sequence is NOT_PRESENT meanwhile."""
+    L, QH, KH, D, _ = SHAPE
+    pool, twin = Pool(lib, "int4-g32", SHAPE), Pool(lib, "int4-g32", SHAPE)
+    (_, s), (_, t) = pool.seq(), twin.seq()
+    k, v, pos = rand(rng, 95, KH, D), rand(rng, 95, KH, D), np.arange(95, dtype=np.int32)
+    for p, x in ((pool, s), (twin, t)):
+        for layer in range(L):
+            check(p.append(x, layer, k, v, pos) == OK, f"swap: append {lib.kvpack_last_error()}")
+    used = pool.stats()[1].pages_used
+    moved = C.c_int64()
+    st = lib.kvpack_seq_swap_out(pool.h, s, C.byref(moved))
+    check(st == OK and moved.value == used, f"swap_out -> {st}, {moved.value} of {used} pages")
+    check(pool.stats()[1].pages_used == 0, "swap_out frees the pages")
+    q = rand(rng, 1, QH, D)
+    check(pool.attend(s, 0, q)[0] == NOT_PRESENT, "attend on a swapped-out sequence")
+    check(pool.length(s) == (OK, 95), "length of a swapped-out sequence")
+    check(lib.kvpack_seq_swap_out(pool.h, s, None) == NOT_PRESENT, "swap_out twice")
+    _, other = pool.seq()  # another sequence uses (and writes) the freed pages, then leaves
+    for layer in range(L):
+        pool.append(other, layer, rand(rng, 95, KH, D), rand(rng, 95, KH, D), pos)
+    lib.kvpack_seq_free(pool.h, other)
+    st = lib.kvpack_seq_swap_in(pool.h, s, C.byref(moved))
+    check(st == OK and moved.value == used, f"swap_in -> {st} {lib.kvpack_last_error()}")
+    check(lib.kvpack_seq_swap_in(pool.h, s, None) == INVALID, "swap_in of a resident sequence")
+    for layer in range(L):
+        check(np.array_equal(pool.attend(s, layer, q)[1], twin.attend(t, layer, q)[1]),
+              f"swap: layer {layer} differs from the twin never swapped")
+    lib.kvpack_pool_destroy(pool.h)
+    lib.kvpack_pool_destroy(twin.h)
+    ev = Pool(lib, "h2o-25", SHAPE)
+    _, e = ev.seq()
+    check(lib.kvpack_seq_swap_out(ev.h, e, None) == UNSUPPORTED, "swap_out with eviction")
+    lib.kvpack_pool_destroy(ev.h)
+
+
 def test_evicting(lib, rng):
     """sink-window-25 / h2o-25 on the pool: past the budget (64 of max_tokens 256), a forked child's
     appends leave its parent equal to a parent fed alone in another pool; truncate is UNSUPPORTED."""
@@ -443,6 +482,7 @@ def main():
     for policy in POLICIES:
         test_attention(lib, policy, rng)
     test_batch_fork_truncate(lib, rng)
+    test_swap(lib, rng)
     test_evicting(lib, rng)
     test_errors(lib, rng)
     print(f"{len(failures)} failure(s)")

@@ -25,10 +25,10 @@ const ModelShape kShape{.layers = 2, .q_heads = 6, .kv_heads = 2, .head_dim = 32
 constexpr std::size_t kRow = 2 * 32, kQRow = 6 * 32;
 constexpr int kSeqs = 3;  // handles the script uses: 0 parent, 1 its fork, 2 attached from the prefix cache
 
-enum class Kind { create, append, attend, fork, batch, truncate, publish, attach, free };
+enum class Kind { create, append, attend, fork, batch, truncate, publish, attach, free, swap_out, swap_in };
 inline const char* name(Kind k) {
-  constexpr const char* n[] = {"create_sequence", "append", "attend", "fork", "attend_batch",
-                               "truncate", "publish_prefix", "attach_prefix", "free_sequence"};
+  constexpr const char* n[] = {"create_sequence", "append",        "attend",        "fork",     "attend_batch", "truncate",
+                               "publish_prefix",  "attach_prefix", "free_sequence", "swap_out", "swap_in"};
   return n[static_cast<int>(k)];
 }
 
@@ -59,6 +59,10 @@ inline std::vector<Op> script(bool truncates, bool prefix) {
     for (int l = 0; l < 2; ++l) ops.push_back({Kind::append, 1, l, 2, 3});
     for (int l = 0; l < 2; ++l) ops.push_back({Kind::batch, 0, l, 1, 0, {1, 0}});
   }
+  ops.push_back({Kind::swap_out, 1});  // the fork holds its copied open pages alone
+  for (int l = 0; l < 2; ++l) ops.push_back({Kind::append, 0, l, 1, 4});  // the parent goes on meanwhile
+  ops.push_back({Kind::swap_in, 1});
+  for (int l = 0; l < 2; ++l) ops.push_back({Kind::batch, 0, l, 1, 0, {1, 0}});
   if (prefix) {
     ops.push_back({Kind::publish, 0});
     ops.push_back({Kind::create, 2});
@@ -70,6 +74,13 @@ inline std::vector<Op> script(bool truncates, bool prefix) {
   ops.push_back({Kind::free, 0});
   if (prefix) ops.push_back({Kind::free, 2});
   return ops;
+}
+
+/// The swap space of the script's swap_out / swap_in (process memory; one for every pool of a
+/// test: swapped sequences are back, or freed, before the next pool swaps).
+inline HostSwapTarget& swap_space() {
+  static HostSwapTarget target;
+  return target;
 }
 
 /// K or V rows of tokens [first, first + n) of a stream ([n][kv_heads][head_dim]).
@@ -99,6 +110,10 @@ std::string snapshot(Pool& pool, const std::vector<SeqId>& ids) {
   for (const SeqId id : ids) {
     if (!pool.valid(id)) {
       num(-1);
+      continue;
+    }
+    if (*pool.swapped_out(id)) {  // its pages are in the swap space: what stays in the pool
+      num(-2), num(*pool.length(id));
       continue;
     }
     for (int l = 0; l < kShape.layers; ++l) {
@@ -181,6 +196,16 @@ Status run(Pool& pool, std::vector<SeqId>& ids, const Op& op, std::size_t i, std
     case Kind::free: {
       Arm a(arm);
       return pool.free_sequence(id);
+    }
+    case Kind::swap_out:
+    case Kind::swap_in: {
+      Result<std::size_t> r = [&] {
+        Arm a(arm);
+        return op.kind == Kind::swap_out ? pool.swap_out(id, swap_space()) : pool.swap_in(id);
+      }();
+      if (!r) return r.error();
+      out.push_back(static_cast<float>(*r));
+      return {};
     }
     case Kind::publish:
     case Kind::attach: {

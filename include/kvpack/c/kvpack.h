@@ -203,6 +203,22 @@ KVPACK_C_API kvpack_status kvpack_seq_length(const kvpack_pool* pool, kvpack_seq
  *  (CAPACITY_EXCEEDED). */
 KVPACK_C_API kvpack_status kvpack_seq_truncate(kvpack_pool* pool, kvpack_seq seq, int64_t new_length);
 
+/** Swaps a sequence out of the page arena (preemption by swapping, as vLLM's swap space): the
+ *  pages it holds alone are copied to the pool's swap space in process memory, then zeroed and
+ *  freed for other sequences; pages it shares (fork) stay. Until kvpack_seq_swap_in, calls on it
+ *  other than kvpack_seq_length, kvpack_seq_free and kvpack_seq_swap_in return
+ *  KVPACK_ERR_NOT_PRESENT. *pages_moved (when not NULL): the pages freed.
+ *  Errors, nothing changed: stale handle (INVALID_ARGUMENT); swapped out already (NOT_PRESENT);
+ *  an evicting policy (UNSUPPORTED); the copies cannot be allocated (OUT_OF_MEMORY). */
+KVPACK_C_API kvpack_status kvpack_seq_swap_out(kvpack_pool* pool, kvpack_seq seq, int64_t* pages_moved);
+
+/** Brings a swapped-out sequence back into fresh pages: it is then bit-identical to a sequence
+ *  never swapped (same codes, same attention outputs). *pages_moved (when not NULL): pages taken.
+ *  Errors, the sequence staying swapped out: stale handle or not swapped out (INVALID_ARGUMENT);
+ *  too few free pages (CAPACITY_EXCEEDED: free or swap out others first); an evicting policy
+ *  (UNSUPPORTED). */
+KVPACK_C_API kvpack_status kvpack_seq_swap_in(kvpack_pool* pool, kvpack_seq seq, int64_t* pages_moved);
+
 /** Appends n_tokens tokens to `layer` of a sequence: k, v [n_tokens][kv_heads][head_dim],
  *  positions [n_tokens]. Call it for every layer with the same tokens. n_tokens = 0: no-op.
  *  Errors, nothing written: stale handle, layer out of range, n_tokens < 0, NULL arrays, a

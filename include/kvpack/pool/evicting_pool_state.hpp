@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "kvpack/cache/block.hpp"
+#include "kvpack/cache/shape.hpp"
 #include "kvpack/pool/page_pool.hpp"
+#include "kvpack/pool/pool_swap.hpp"
 #include "kvpack/pool/pool_types.hpp"
 #include "kvpack/pool/slot_handles.hpp"
 #include "kvpack/result.hpp"
@@ -24,8 +26,9 @@ namespace kvpack::pool_detail {
 /// (their page references) go before the arena.
 template <class Seq>
 struct EvictPoolState {
-  /// A sequence slot: its handle (pool/slot_handles.hpp), the sequence (null when free).
-  struct Slot : SlotHandle {
+  /// A sequence slot: its handle (pool/slot_handles.hpp), swap state (pool/pool_swap.hpp) and the
+  /// sequence (null when free).
+  struct Slot : SlotHandle, SwapState {
     std::unique_ptr<Seq> seq;
   };
   PoolConfig cfg;
@@ -34,9 +37,34 @@ struct EvictPoolState {
   std::unique_ptr<Slot[]> slots;
   SlotFreeList free_slots;
 
+  /// The state of a pool for `cfg` (the facade's create checks the shape and budget first): pages
+  /// of KVCache's block layout for codecs Codec and B tokens. May throw std::bad_alloc.
+  template <class Codec>
+  static Result<std::unique_ptr<EvictPoolState>> create(const PoolConfig& cfg, int B) {
+    if (cfg.max_sequences < 1 || cfg.max_rollback_tokens < 0)
+      return fail(Errc::invalid_argument, "PagedCache::create: max_sequences must be >= 1 and max_rollback_tokens >= 0");
+    auto st = std::make_unique<EvictPoolState>();
+    st->cfg = cfg;
+    st->layout = make_block_layout<typename Codec::key_codec, typename Codec::value_codec, false>(B, cfg.shape.head_dim);
+    auto pool = PagePool::create(st->layout.bytes, cfg.byte_budget, Codec::header(cfg.shape.head_dim));
+    if (!pool) return pool.error();
+    st->pool = std::move(pool.value());
+    st->slots = std::make_unique<Slot[]>(static_cast<std::size_t>(cfg.max_sequences));
+    st->free_slots.fill(cfg.max_sequences);
+    return st;
+  }
   ~EvictPoolState() {
     if (slots)
-      for (int i = 0; i < cfg.max_sequences; ++i) slots[static_cast<std::size_t>(i)].seq.reset();  // releases pages
+      for (int i = 0; i < cfg.max_sequences; ++i) {
+        Slot& s = slots[static_cast<std::size_t>(i)];
+        if (!s.seq) continue;
+        drop_swapped(tables(s), s, SeqId{static_cast<std::uint32_t>(i), s.generation.load(std::memory_order_acquire)});
+        s.seq.reset();  // releases pages
+      }
+  }
+  /// The page tables of slot s's sequence (pool/pool_swap.hpp).
+  static auto tables(Slot& s) noexcept {
+    return PageTables{s.seq->store.layers(), [&s](int l) -> auto& { return s.seq->store.layer(l); }};
   }
   /// Whether `id` names a live sequence (index in range, slot live, same generation).
   [[nodiscard]] bool live(SeqId id) const noexcept {
@@ -59,6 +87,7 @@ struct EvictPoolState {
   /// Releases slot i: the handle goes stale, the sequence's pages lose a reference, rows are zeroed.
   void close(std::uint32_t i) {
     Slot& s = slots[i];
+    drop_swapped(tables(s), s, SeqId{i, s.generation.load(std::memory_order_acquire)});  // copies erased
     s.retire();
     s.seq.reset();  // pages lose a reference, rows zeroed
     free_slots.give_back(i);
@@ -80,6 +109,9 @@ struct EvictPoolState {
       for (int l = 0; l < cfg.shape.layers; ++l)
         for (const auto& t : s.seq->store.layer(l).pages) q.pages += t.size();
       q.exact_bytes = s.seq->store.exact_bytes();
+      q.swapped_pages = s.swapped_pages;
+      q.pages -= s.swapped_pages;
+      st.pages_swapped += s.swapped_pages;
       st.bytes_if_unshared += q.pages * st.page_bytes;
       st.exact_bytes += q.exact_bytes;
       if (list_sequences) st.sequences.push_back(q);  // the only allocation

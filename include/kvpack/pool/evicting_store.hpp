@@ -120,6 +120,8 @@ class PagedEvictStore {
   [[nodiscard]] const ModelShape& shape() const noexcept { return shape_; }
   [[nodiscard]] const BlockLayout& layout() const noexcept { return layout_; }
   [[nodiscard]] const BlockHeader& proto() const noexcept { return proto_; }
+  /// Layers of the sequence.
+  [[nodiscard]] int layers() const noexcept { return static_cast<int>(layers_.size()); }
   [[nodiscard]] Layer& layer(int li) noexcept { return layers_[static_cast<std::size_t>(li)]; }
   [[nodiscard]] const Layer& layer(int li) const noexcept { return layers_[static_cast<std::size_t>(li)]; }
   [[nodiscard]] const PagePool& pool() const noexcept { return *pool_; }

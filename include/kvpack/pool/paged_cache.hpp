@@ -3,7 +3,8 @@
 // PagedCache and a KVCache fed the same tokens hold the same block bytes and attend bit-identically
 // on the same backend (tests/test_pool_basic.cpp). Adds what a serving engine needs: fork (pages
 // shared copy-on-write), truncate (exact rollback of rejected speculative tokens), batched decode
-// over the caller's executor, and a prefix cache of published full pages. With a token-level
+// over the caller's executor, a prefix cache of published full pages, and swapping a sequence's
+// pages out of the arena and back (pool/pool_swap.hpp). With a token-level
 // eviction policy, PagedCache<...> names EvictingPagedCache (pool/paged_eviction.hpp) instead.
 // A failed allocation is Errc::out_of_memory with nothing changed (each call reserves, then
 // mutates; tests/test_alloc_fault_pool.cpp); publish_prefix alone may stop part way.
@@ -28,6 +29,7 @@
 #include "kvpack/executor.hpp"
 #include "kvpack/kv_cache.hpp"
 #include "kvpack/pool/page_pool.hpp"
+#include "kvpack/pool/page_swap.hpp"
 #include "kvpack/pool/paged_eviction.hpp"
 #include "kvpack/pool/paged_sequence.hpp"
 #include "kvpack/pool/pool_types.hpp"
@@ -70,21 +72,9 @@ class BasicPagedCache {
   /// or slots cannot be (nothing kept).
   [[nodiscard]] static Result<BasicPagedCache> create(const PoolConfig& cfg) {
     return catch_alloc("PagedCache::create", 0, [&]() -> Result<BasicPagedCache> {
-      if (Status s = validate_shape(cfg.shape, codec_hook::K::row_group, codec_hook::V::row_group); !s) return s.error();
-      if (cfg.max_sequences < 1 || cfg.max_rollback_tokens < 0)
-        return fail(Errc::invalid_argument, "PagedCache::create: max_sequences must be >= 1 and max_rollback_tokens >= 0");
-      auto st = std::make_unique<State>();
-      st->cfg = cfg;
-      // Pages store no positions: each sequence keeps its paged tokens' positions as runs (PagedLayer::block_pos).
-      st->layout = make_block_layout<typename codec_hook::key_codec, typename codec_hook::value_codec,
-                                     codec_hook::keys_per_channel>(block_tokens, cfg.shape.head_dim, false);
-      auto pool = PagePool::create(st->layout.bytes, cfg.byte_budget, codec_hook::header(cfg.shape.head_dim));
-      if (!pool) return pool.error();
-      st->pool = std::move(pool.value());
-      st->hist_cap = cfg.max_rollback_tokens > 0 ? cfg.max_rollback_tokens + residual_tokens + commit_unit - 1 : 0;
-      st->slots = std::make_unique<Slot[]>(static_cast<std::size_t>(cfg.max_sequences));
-      st->free_slots.fill(cfg.max_sequences);
-      return Result<BasicPagedCache>(BasicPagedCache(std::move(st)));
+      auto st = State::create(cfg, block_tokens);
+      if (!st) return st.error();
+      return Result<BasicPagedCache>(BasicPagedCache(std::move(st.value())));
     });
   }
 
@@ -120,7 +110,7 @@ class BasicPagedCache {
   /// with its last one), its fp32 rows are zeroed, its handle becomes stale. Errc::invalid_argument
   /// for a stale handle.
   Status free_sequence(SeqId id) {
-    auto s = find(id, "free_sequence");
+    auto s = find(id, "free_sequence", true);
     if (!s) return s.error();
     st_->close(id.index);
     return {};
@@ -133,7 +123,7 @@ class BasicPagedCache {
   [[nodiscard]] Result<std::int64_t> length(SeqId id) const { return tokens(id, 0); }
   /// Tokens appended to `layer` of the sequence. Errc::invalid_argument: stale handle, bad layer.
   [[nodiscard]] Result<std::int64_t> tokens(SeqId id, int layer) const {
-    auto s = find(id, "tokens");
+    auto s = find(id, "tokens", true);
     if (!s) return s.error();
     if (Status c = check_layer("tokens", layer); !c) return c.error();
     return (*s)->layers[static_cast<std::size_t>(layer)].total;
@@ -299,6 +289,37 @@ class BasicPagedCache {
     if (st_) st_->prefix.clear(*st_->pool);
   }
 
+  /// Swaps a sequence out (vLLM's preemption by swapping; pool/page_swap.hpp): each page it holds
+  /// alone is stored in `target`, then zeroed and freed; pages it shares (fork, prefix cache) stay.
+  /// Its fp32 rows and positions stay in memory. Until swap_in, calls on it other than valid,
+  /// length, tokens, block_positions, swapped_out, swap_in and free_sequence are Errc::not_present.
+  /// `target` must outlive the swap (free_sequence and ~PagedCache erase the copies through it).
+  /// Returns the pages freed. Errors, nothing changed: stale handle; swapped out already
+  /// (Errc::invalid_argument); the target's store error (copies made are erased); out_of_memory.
+  Result<std::size_t> swap_out(SeqId id, PageSwapTarget& target) {
+    auto s = find(id, "swap_out");
+    if (!s) return s.error();
+    return catch_alloc("swap_out", 0, [&] { return pool_detail::swap_out(*st_->pool, st_->layout, st_->tables(**s), **s, id, target); });
+  }
+  /// Brings a swapped-out sequence back into fresh pages with the stored bytes and headers: it is
+  /// then bit-identical to a sequence never swapped. Returns the pages taken. Errors, the sequence
+  /// staying swapped out with its copies kept: stale handle; not swapped out (invalid_argument);
+  /// too few free pages (capacity_exceeded); the target's load error (auth_failed, corrupt_data,
+  /// io_error, not_present); a loaded header of another codec (corrupt_data); out_of_memory.
+  Result<std::size_t> swap_in(SeqId id) {
+    auto s = find(id, "swap_in", true);
+    if (!s) return s.error();
+    return catch_alloc("swap_in", 0, [&] {
+      return pool_detail::swap_in(*st_->pool, st_->layout, codec_hook::header(shape().head_dim), st_->tables(**s), **s, id);
+    });
+  }
+  /// Whether the sequence is swapped out. Errc::invalid_argument: stale handle.
+  [[nodiscard]] Result<bool> swapped_out(SeqId id) const {
+    auto s = find(id, "swapped_out", true);
+    if (!s) return s.error();
+    return (*s)->swapped_to != nullptr;
+  }
+
   /// The page table of (layer, kv_head) of a sequence, oldest page first. Errc::invalid_argument:
   /// stale handle or indices out of range; Errc::out_of_memory (the list cannot be allocated).
   [[nodiscard]] Result<std::vector<PageView>> pages(SeqId id, int layer, int kv_head) const {
@@ -316,7 +337,7 @@ class BasicPagedCache {
 
   /// Positions of `layer`'s paged tokens (page k slot t: token k * B + t; pages store none).
   [[nodiscard]] Result<const PositionRuns*> block_positions(SeqId id, int layer) const {
-    auto s = find(id, "block_positions");
+    auto s = find(id, "block_positions", true);
     if (!s) return s.error();
     if (Status c = check_layer("block_positions", layer); !c) return c.error();
     return &(*s)->layers[static_cast<std::size_t>(layer)].block_pos;
@@ -359,12 +380,14 @@ class BasicPagedCache {
     return static_cast<std::size_t>(shape().kv_heads) * static_cast<std::size_t>(shape().head_dim);
   }
   static Error moved(const char* what) { return fail(Errc::invalid_argument, std::string(what) + ": moved-from PagedCache"); }
-  [[nodiscard]] Result<Slot*> find(SeqId id, const char* what) const {
+  // A live sequence; a swapped-out one is Errc::not_present unless `swapped_ok`.
+  [[nodiscard]] Result<Slot*> find(SeqId id, const char* what, bool swapped_ok = false) const {
     if (!st_) return moved(what);
-    if (!st_->live(id))
-      return fail(Errc::invalid_argument, std::string(what) + ": sequence handle {" + std::to_string(id.index) + ", " +
-                                              std::to_string(id.generation) + "} is not live (freed, stale or never created)");
-    return &st_->slots[id.index];
+    auto seq = [&] { return std::string(what) + ": sequence {" + std::to_string(id.index) + ", " + std::to_string(id.generation) + "}"; };
+    if (!st_->live(id)) return fail(Errc::invalid_argument, seq() + " is not live (freed, stale or never created)");
+    Slot* s = &st_->slots[id.index];
+    if (!swapped_ok && s->swapped_to != nullptr) return fail(Errc::not_present, seq() + " is swapped out (swap_in first)");
+    return s;
   }
   [[nodiscard]] Status check_layer(const char* what, int layer) const {
     if (layer >= 0 && layer < shape().layers) return {};
@@ -383,20 +406,12 @@ class BasicPagedCache {
     const std::size_t N = seqs.size(), qrow = static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(shape().head_dim);
     if (Status c = pool_detail::check_batch_sizes(N, qrow, q.size(), out.size(), workspaces.size()); !c) return c;
     std::vector<const pool_detail::PagedLayer*> Ls(N);
-    for (std::size_t i = 0; i < N; ++i) {
-      auto s = find(seqs[i], "attend_batch");
-      if (!s) return fail(s.error().code, s.error().message + " (sequence " + std::to_string(i) + " of the batch)");
-      Ls[i] = &(*s)->layers[static_cast<std::size_t>(layer)];
-      if (Status c = pool_detail::check_queries(shape(), layer, Ls[i]->chunk_tokens, q.subspan(i * qrow, qrow),
-                                                out.subspan(i * qrow, qrow), static_cast<std::int64_t>(i));
-          !c)
-        return c;
-    }
-    if (masks) {
-      std::vector<std::int64_t> tokens(N);
-      for (std::size_t i = 0; i < N; ++i) tokens[i] = Ls[i]->total;
-      if (Status c = pool_detail::check_masks(layer, *masks, tokens); !c) return c;
-    }
+    auto layer_of = [&](SeqId id) -> Result<const pool_detail::PagedLayer*> {
+      auto s = find(id, "attend_batch");
+      if (!s) return s.error();
+      return &(*s)->layers[static_cast<std::size_t>(layer)];
+    };
+    if (Status c = pool_detail::batch_layers(shape(), layer, seqs, q, out, masks, layer_of, Ls); !c) return c;
     const int W = static_cast<int>(std::min(N, workspaces.size()));
     // A task catches its own std::bad_alloc (scratch growth), so none escapes on an executor's thread.
     std::vector<Status> res(static_cast<std::size_t>(W));
@@ -416,20 +431,10 @@ class BasicPagedCache {
         return c;
     return {};
   }
-  // One sequence's attention, head by head on the calling thread, scratch in ws; bias: its
-  // additive mask by cache index (AttendArgs::bias) or nullptr.
+  // One sequence's attention on the calling thread (pool_detail::attend_layer), scratch in ws.
   void attend_one(const pool_detail::PagedLayer& L, std::span<const float> q, std::span<float> out, Workspace& ws,
                   const float* bias = nullptr) const {
-    const int D = shape().head_dim, group = shape().q_heads / shape().kv_heads;
-    const std::size_t qrow = static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(D);
-    const auto n_q = static_cast<std::int64_t>(q.size() / qrow);
-    for (int h = 0; h < shape().kv_heads; ++h) {
-      const std::int64_t at = static_cast<std::int64_t>(h) * group * D;
-      kernels::AttendArgs a = cache_detail::attend_args(shape(), L.total, q.data() + at, out.data() + at, n_q, group);
-      a.bias = bias;
-      const kernels::HeadSegments seg = pool_detail::segments(L, *st_->pool, st_->layout, shape().kv_heads, h, ws.refs);
-      codec_hook::attend(a, seg, st_->layout, ws.scratch);
-    }
+    pool_detail::attend_layer<codec_hook>(shape(), L, *st_->pool, st_->layout, q, out, ws.scratch, ws.refs, bias);
   }
 
   std::unique_ptr<State> st_;

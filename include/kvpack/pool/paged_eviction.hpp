@@ -27,6 +27,7 @@
 #include "kvpack/cache/workspace.hpp"
 #include "kvpack/executor.hpp"
 #include "kvpack/kv_cache.hpp"
+#include "kvpack/pool/evicting_attend.hpp"
 #include "kvpack/pool/evicting_pool_state.hpp"
 #include "kvpack/pool/evicting_store.hpp"
 #include "kvpack/pool/page_pool.hpp"
@@ -80,18 +81,9 @@ class EvictingPagedCache {
     return catch_alloc("PagedCache::create", 0, [&]() -> Result<EvictingPagedCache> {
       if (Status s = validate_shape(cfg.shape, codec_hook::K::row_group, codec_hook::V::row_group); !s) return s.error();
       if (Status s = eviction_hook::check(cfg.shape); !s) return s.error();
-      if (cfg.max_sequences < 1 || cfg.max_rollback_tokens < 0)
-        return fail(Errc::invalid_argument, "PagedCache::create: max_sequences must be >= 1 and max_rollback_tokens >= 0");
-      auto st = std::make_unique<State>();
-      st->cfg = cfg;
-      st->layout = make_block_layout<typename codec_hook::key_codec, typename codec_hook::value_codec, false>(
-          block_tokens, cfg.shape.head_dim);
-      auto pool = PagePool::create(st->layout.bytes, cfg.byte_budget, codec_hook::header(cfg.shape.head_dim));
-      if (!pool) return pool.error();
-      st->pool = std::move(pool.value());
-      st->slots = std::make_unique<Slot[]>(static_cast<std::size_t>(cfg.max_sequences));
-      st->free_slots.fill(cfg.max_sequences);
-      return Result<EvictingPagedCache>(EvictingPagedCache(std::move(st)));
+      auto st = State::template create<codec_hook>(cfg, block_tokens);
+      if (!st) return st.error();
+      return Result<EvictingPagedCache>(EvictingPagedCache(std::move(st.value())));
     });
   }
 
@@ -122,7 +114,7 @@ class EvictingPagedCache {
   }
   /// Frees a sequence (pages lose a reference, rows zeroed, handle stale). Errc::invalid_argument: stale.
   Status free_sequence(SeqId id) {
-    auto s = find(id, "free_sequence");
+    auto s = find(id, "free_sequence", true);
     if (!s) return s.error();
     st_->close(id.index);
     return {};
@@ -133,7 +125,7 @@ class EvictingPagedCache {
   [[nodiscard]] Result<std::int64_t> length(SeqId id) const { return tokens(id, 0); }
   /// Tokens appended to `layer` (evicted ones included). Errc::invalid_argument: stale handle, bad layer.
   [[nodiscard]] Result<std::int64_t> tokens(SeqId id, int layer) const {
-    auto s = find(id, "tokens");
+    auto s = find(id, "tokens", true);
     if (!s) return s.error();
     if (Status c = check_layer("tokens", layer); !c) return c.error();
     return (*s)->store.layer(layer).total;
@@ -141,7 +133,7 @@ class EvictingPagedCache {
   /// Tokens KV head `kv_head` of `layer` holds now (sinks + live slots + pending), as
   /// KVCache::held_tokens. Errc::invalid_argument: stale handle, indices out of range.
   [[nodiscard]] Result<std::int64_t> held_tokens(SeqId id, int layer, int kv_head) const {
-    auto s = find(id, "held_tokens");
+    auto s = find(id, "held_tokens", true);
     if (!s) return s.error();
     if (Status c = check_head("held_tokens", layer, kv_head); !c) return c.error();
     const auto& L = (*s)->store.layer(layer);
@@ -149,9 +141,33 @@ class EvictingPagedCache {
   }
   /// The sequence's eviction budget in tokens per (layer, KV head), as KVCache::eviction_budget.
   [[nodiscard]] Result<std::int64_t> eviction_budget(SeqId id) const {
-    auto s = find(id, "eviction_budget");
+    auto s = find(id, "eviction_budget", true);
     if (!s) return s.error();
     return (*s)->hook.budget();
+  }
+
+  /// Swap-out and swap-in as PagedCache's (pool/paged_cache.hpp: preemption by swapping; pages held
+  /// alone go to `target`, shared ones stay; fp32 rows, slot bookkeeping, scores and the policy's
+  /// state stay in memory; the same errors), so a sequence swapped back in evicts and attends as
+  /// one never swapped.
+  Result<std::size_t> swap_out(SeqId id, PageSwapTarget& target) {
+    auto s = find(id, "swap_out");
+    if (!s) return s.error();
+    Slot& slot = st_->slots[id.index];
+    return catch_alloc("swap_out", 0, [&] { return pool_detail::swap_out(*st_->pool, st_->layout, State::tables(slot), slot, id, target); });
+  }
+  Result<std::size_t> swap_in(SeqId id) {
+    auto s = find(id, "swap_in", true);
+    if (!s) return s.error();
+    Slot& slot = st_->slots[id.index];
+    return catch_alloc("swap_in", 0, [&] {
+      return pool_detail::swap_in(*st_->pool, st_->layout, codec_hook::header(shape().head_dim), State::tables(slot), slot, id);
+    });
+  }
+  [[nodiscard]] Result<bool> swapped_out(SeqId id) const {
+    auto s = find(id, "swapped_out", true);
+    if (!s) return s.error();
+    return st_->slots[id.index].swapped_to != nullptr;
   }
 
   /// Rollback is not available with eviction: always Errc::unsupported for a live sequence
@@ -387,45 +403,21 @@ class EvictingPagedCache {
     } unset{q.store};
     return op();
   }
-  // One sequence's attention (KVCache::attend's serial loop) into out, each KV head's key mass
-  // into mass[h]; i: its batch index or -1. Scores untouched; may throw std::bad_alloc (scratch).
   Status run_kernels(Seq& s, int layer, std::span<const float> q, std::span<float> out, Workspace& ws,
-                 std::vector<std::vector<float>>& mass, std::int64_t i) {
-    const int D = shape().head_dim, group = shape().q_heads / shape().kv_heads;
-    const auto& L = s.store.layer(layer);
-    const auto n_q = static_cast<std::int64_t>(q.size() / (static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(D)));
-    mass.resize(static_cast<std::size_t>(shape().kv_heads));
-    for (int h = 0; h < shape().kv_heads; ++h) {
-      const std::int64_t at = static_cast<std::int64_t>(h) * group * D;
-      kernels::AttendArgs a = s.store.args_for(L, q.data() + at, out.data() + at, n_q, group);
-      const kernels::HeadSegments seg = s.store.segments(layer, h, s.hook, 0, ws.refs);
-      if constexpr (eviction_hook::wants_mass) {
-        std::vector<float>& m = mass[static_cast<std::size_t>(h)];
-        m.assign(static_cast<std::size_t>(s.store.ordinals(seg)), 0.f);
-        a.key_mass = m.data();
-      }
-      codec_hook::attend(a, seg, s.store.layout(), ws.scratch);
-    }
-    return pool_detail::check_output(shape(), layer, out, i);
+                     std::vector<std::vector<float>>& mass, std::int64_t i) {
+    return pool_detail::evicting_kernels<codec_hook>(s, shape(), layer, q, out, ws, mass, i);
   }
-  // The score update after run_kernels() (finite outputs): the key masses, the queries. Allocates
-  // nothing (ws.refs has the room run_kernels() gave it for this sequence) except SnapKV's
-  // observation window, which reserves before it changes.
   void credit(Seq& s, int layer, std::span<const float> q, Workspace& ws, std::vector<std::vector<float>>& mass) {
-    const std::size_t qrow = static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(shape().head_dim);
-    const auto n_q = static_cast<std::int64_t>(q.size() / qrow);
-    if constexpr (eviction_hook::wants_mass)
-      for (int h = 0; h < shape().kv_heads; ++h)
-        s.hook.on_mass(s.store, layer, h, s.store.segments(layer, h, s.hook, 0, ws.refs), mass[static_cast<std::size_t>(h)]);
-    s.hook.on_queries(s.store, layer, q, n_q);
+    pool_detail::evicting_credit(s, shape(), layer, q, ws, mass);
   }
 
   static Error moved(const char* what) { return fail(Errc::invalid_argument, std::string(what) + ": moved-from PagedCache"); }
-  [[nodiscard]] Result<Seq*> find(SeqId id, const char* what) const {
+  // A live sequence; a swapped-out one is Errc::not_present unless `swapped_ok`.
+  [[nodiscard]] Result<Seq*> find(SeqId id, const char* what, bool swapped_ok = false) const {
     if (!st_) return moved(what);
-    if (!st_->live(id))
-      return fail(Errc::invalid_argument, std::string(what) + ": sequence handle {" + std::to_string(id.index) + ", " +
-                                              std::to_string(id.generation) + "} is not live (freed, stale or never created)");
+    auto seq = [&] { return std::string(what) + ": sequence {" + std::to_string(id.index) + ", " + std::to_string(id.generation) + "}"; };
+    if (!st_->live(id)) return fail(Errc::invalid_argument, seq() + " is not live (freed, stale or never created)");
+    if (!swapped_ok && st_->slots[id.index].swapped_to != nullptr) return fail(Errc::not_present, seq() + " is swapped out (swap_in first)");
     return st_->slots[id.index].seq.get();
   }
   [[nodiscard]] Status check_layer(const char* what, int layer) const {

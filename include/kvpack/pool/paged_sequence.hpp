@@ -187,6 +187,26 @@ inline kernels::HeadSegments segments(const PagedLayer& L, const PagePool& pool,
   return seg;
 }
 
+/// Attention of the n_q = q.size() / (q_heads * D) newest tokens of L over all it holds, KV head
+/// by KV head on the calling thread, with Codec's kernel (as KVCache::attend); bias: an additive
+/// mask by cache index (AttendArgs::bias) or nullptr. q, out: [n_q][q_heads][D]. May throw
+/// std::bad_alloc (scratch or refs growth).
+template <class Codec>
+void attend_layer(const ModelShape& shape, const PagedLayer& L, const PagePool& pool, const BlockLayout& layout,
+                  std::span<const float> q, std::span<float> out, kernels::Scratch& scratch,
+                  std::vector<kernels::BlockRef>& refs, const float* bias) {
+  const int D = shape.head_dim, group = shape.q_heads / shape.kv_heads;
+  const std::size_t qrow = static_cast<std::size_t>(shape.q_heads) * static_cast<std::size_t>(D);
+  const auto n_q = static_cast<std::int64_t>(q.size() / qrow);
+  for (int h = 0; h < shape.kv_heads; ++h) {
+    const std::int64_t at = static_cast<std::int64_t>(h) * group * D;
+    kernels::AttendArgs a = cache_detail::attend_args(shape, L.total, q.data() + at, out.data() + at, n_q, group);
+    a.bias = bias;
+    const kernels::HeadSegments seg = segments(L, pool, layout, shape.kv_heads, h, refs);
+    Codec::attend(a, seg, layout, scratch);
+  }
+}
+
 /// Stores n appended tokens (k, v: [n][row]; pos: [n]) in L: the exact chunk copy, sinks first,
 /// then pending rows, and (hist_cap > 0) rollback copies of the non-sink ones, trimmed to hist_cap.
 inline void push(PagedLayer& L, std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> pos,

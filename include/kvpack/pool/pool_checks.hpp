@@ -97,6 +97,28 @@ void run_tasks(int W, const Executor& exec, Task&& task) {
   return {};
 }
 
+/// Checks a batched decode's queries and masks and finds each sequence's layer: Ls[i] =
+/// layer_of(seqs[i]) (a Result; its error gains "(sequence i of the batch)"), each query checked
+/// as attend's (check_queries), the masks as check_masks (when given).
+template <class Layer, class LayerOf>
+[[nodiscard]] Status batch_layers(const ModelShape& shape, int layer, std::span<const SeqId> seqs, std::span<const float> q,
+                                  std::span<float> out, const BatchMask* masks, LayerOf&& layer_of, std::vector<const Layer*>& Ls) {
+  const std::size_t N = seqs.size(), qrow = static_cast<std::size_t>(shape.q_heads) * static_cast<std::size_t>(shape.head_dim);
+  for (std::size_t i = 0; i < N; ++i) {
+    auto L = layer_of(seqs[i]);
+    if (!L) return fail(L.error().code, L.error().message + " (sequence " + std::to_string(i) + " of the batch)");
+    Ls[i] = *L;
+    if (Status c = check_queries(shape, layer, Ls[i]->chunk_tokens, q.subspan(i * qrow, qrow), out.subspan(i * qrow, qrow),
+                                 static_cast<std::int64_t>(i));
+        !c)
+      return c;
+  }
+  if (!masks) return {};
+  std::vector<std::int64_t> tokens(N);
+  for (std::size_t i = 0; i < N; ++i) tokens[i] = Ls[i]->total;
+  return check_masks(layer, *masks, tokens);
+}
+
 /// Errc::non_finite when an attention output is not finite (a logit overflowed fp32).
 [[nodiscard]] inline Status check_output(const ModelShape& shape, int layer, std::span<const float> out, std::int64_t seq) {
   for (std::size_t i = 0; i < out.size(); ++i)

@@ -20,14 +20,15 @@
 #include "kvpack/detail/secure_zero.hpp"
 #include "kvpack/pool/page_pool.hpp"
 #include "kvpack/pool/paged_sequence.hpp"
+#include "kvpack/pool/pool_swap.hpp"
 #include "kvpack/pool/pool_types.hpp"
 #include "kvpack/pool/prefix_cache.hpp"
 #include "kvpack/pool/slot_handles.hpp"
 
 namespace kvpack::pool_detail {
 
-/// A sequence slot: its handle (pool/slot_handles.hpp) and its layers.
-struct SeqSlot : SlotHandle {
+/// A sequence slot: its handle (pool/slot_handles.hpp), swap state (pool/pool_swap.hpp) and layers.
+struct SeqSlot : SlotHandle, SwapState {
   std::vector<PagedLayer> layers;
 };
 
@@ -43,6 +44,26 @@ struct PoolState {
   SlotFreeList free_slots;
   std::int64_t hist_cap = 0;  // rollback copies per layer (tokens)
 
+  /// A pool's state for `cfg` with pages of B tokens (see BasicPagedCache::create for the errors).
+  /// May throw std::bad_alloc.
+  static Result<std::unique_ptr<PoolState>> create(const PoolConfig& cfg, int B) {
+    if (Status s = validate_shape(cfg.shape, Codec::K::row_group, Codec::V::row_group); !s) return s.error();
+    if (cfg.max_sequences < 1 || cfg.max_rollback_tokens < 0)
+      return fail(Errc::invalid_argument, "PagedCache::create: max_sequences must be >= 1 and max_rollback_tokens >= 0");
+    auto st = std::make_unique<PoolState>();
+    st->cfg = cfg;
+    // Pages store no positions: each sequence keeps its paged tokens' positions as runs (PagedLayer::block_pos).
+    st->layout = make_block_layout<typename Codec::key_codec, typename Codec::value_codec, Codec::keys_per_channel>(
+        B, cfg.shape.head_dim, false);
+    auto pool = PagePool::create(st->layout.bytes, cfg.byte_budget, Codec::header(cfg.shape.head_dim));
+    if (!pool) return pool.error();
+    st->pool = std::move(pool.value());
+    st->hist_cap = cfg.max_rollback_tokens > 0 ? cfg.max_rollback_tokens + R + U - 1 : 0;
+    st->slots = std::make_unique<SeqSlot[]>(static_cast<std::size_t>(cfg.max_sequences));
+    st->free_slots.fill(cfg.max_sequences);
+    return st;
+  }
+
   PoolState() = default;
   PoolState(const PoolState&) = delete;
   PoolState& operator=(const PoolState&) = delete;
@@ -56,6 +77,10 @@ struct PoolState {
 
   [[nodiscard]] std::size_t row() const noexcept {
     return static_cast<std::size_t>(cfg.shape.kv_heads) * static_cast<std::size_t>(cfg.shape.head_dim);
+  }
+  /// The page tables of slot s (pool/pool_swap.hpp).
+  static auto tables(SeqSlot& s) noexcept {
+    return PageTables{static_cast<int>(s.layers.size()), [&s](int l) -> PagedLayer& { return s.layers[static_cast<std::size_t>(l)]; }};
   }
   [[nodiscard]] bool live(SeqId id) const noexcept {
     if (id.index >= static_cast<std::uint32_t>(cfg.max_sequences)) return false;
@@ -109,9 +134,11 @@ struct PoolState {
     return id;
   }
 
-  /// Releases slot i: its pages lose a reference, its rows are zeroed, its handle goes stale.
+  /// Releases slot i: its pages lose a reference (the copies of swapped-out pages are erased),
+  /// its rows are zeroed, its handle goes stale.
   void close(std::uint32_t i) {
     SeqSlot& s = slots[i];
+    drop_swapped(tables(s), s, SeqId{i, s.generation.load(std::memory_order_acquire)});
     s.retire();
     for (PagedLayer& L : s.layers) {
       for (const auto& table : L.pages)
@@ -284,6 +311,9 @@ struct PoolState {
         for (const auto& t : L.pages) q.pages += t.size();
         q.exact_bytes += L.exact_bytes(row());
       }
+      q.swapped_pages = s.swapped_pages;
+      q.pages -= s.swapped_pages;
+      st.pages_swapped += s.swapped_pages;
       st.bytes_if_unshared += q.pages * st.page_bytes;
       st.exact_bytes += q.exact_bytes;
       if (list_sequences) st.sequences.push_back(q);  // the only allocation

@@ -67,7 +67,8 @@ struct PageView {
 struct SequenceStats {
   SeqId id;
   std::int64_t tokens = 0;        ///< tokens appended to layer 0 (the sequence length)
-  std::size_t pages = 0;          ///< pages in its page tables (shared ones included)
+  std::size_t pages = 0;          ///< pages in its page tables (shared ones included; swapped-out ones not)
+  std::size_t swapped_pages = 0;  ///< its pages held by a PageSwapTarget (swap_out; 0 when resident)
   std::size_t exact_bytes = 0;    ///< bytes of its fp32 rows (sinks, pending, rollback copies, latest chunk) and position runs
 };
 
@@ -88,6 +89,7 @@ struct PoolStats {
   std::size_t bytes_if_unshared = 0;
   std::size_t overhead_bytes = 0; ///< fixed overhead: per page its BlockHeader, refcount and free-list entry (24 B)
   std::size_t exact_bytes = 0;    ///< fp32 rows and position runs of every sequence (SequenceStats::exact_bytes summed)
+  std::size_t pages_swapped = 0;  ///< pages of swapped-out sequences held by their PageSwapTargets (not in the arena)
   std::vector<SequenceStats> sequences;  ///< live sequences, by slot index
 };
 

@@ -40,6 +40,10 @@ class AnyPool {
   [[nodiscard]] virtual int block_tokens() const noexcept = 0;
   /// What the attention kernel does (backend, quantized query, integer P·V): kernels::KernelInfo.
   [[nodiscard]] virtual kernels::KernelInfo kernel() const noexcept = 0;
+  /// The codec format id of its pages and the header a fresh page carries (codec_hook::
+  /// format_id(), codec_hook::header(head_dim)): what offload::swap_layout_for needs.
+  [[nodiscard]] virtual std::uint32_t codec_format() const noexcept = 0;
+  [[nodiscard]] virtual BlockHeader page_header() const noexcept = 0;
 
   [[nodiscard]] virtual Result<SeqId> create_sequence() = 0;
   [[nodiscard]] virtual Result<SeqId> fork(SeqId parent) = 0;
@@ -64,6 +68,11 @@ class AnyPool {
   virtual Result<std::int64_t> publish_prefix(SeqId id, std::string_view model_id, std::span<const std::int32_t> tokens) = 0;
   virtual Result<std::int64_t> attach_prefix(SeqId id, std::string_view model_id, std::span<const std::int32_t> prompt) = 0;
   virtual void clear_prefix_cache() = 0;
+  /// Swap a sequence's pages out to `target` and back (PagedCache::swap_out / swap_in /
+  /// swapped_out); Errc::unsupported on a pool with an eviction policy.
+  virtual Result<std::size_t> swap_out(SeqId id, PageSwapTarget& target) = 0;
+  virtual Result<std::size_t> swap_in(SeqId id) = 0;
+  [[nodiscard]] virtual Result<bool> swapped_out(SeqId id) const = 0;
   [[nodiscard]] virtual Result<std::vector<PageView>> pages(SeqId id, int layer, int kv_head) const = 0;
   /// Decoded contents of one KV head of a sequence, as KVCache::read_back (float64 references,
   /// comparing two sequences).
@@ -92,6 +101,8 @@ class PoolAdapter final : public AnyPool {
   [[nodiscard]] double value_bits_per_value() const noexcept override { return Pool::value_bits_per_value; }
   [[nodiscard]] int block_tokens() const noexcept override { return Pool::block_tokens; }
   [[nodiscard]] kernels::KernelInfo kernel() const noexcept override { return Pool::codec_hook::kernel; }
+  [[nodiscard]] std::uint32_t codec_format() const noexcept override { return Pool::codec_hook::format_id(); }
+  [[nodiscard]] BlockHeader page_header() const noexcept override { return Pool::codec_hook::header(pool_.shape().head_dim); }
 
   [[nodiscard]] Result<SeqId> create_sequence() override { return pool_.create_sequence(); }
   [[nodiscard]] Result<SeqId> fork(SeqId parent) override { return pool_.fork(parent); }
@@ -124,6 +135,18 @@ class PoolAdapter final : public AnyPool {
   }
   void clear_prefix_cache() override {
     if constexpr (!evicting) pool_.clear_prefix_cache();  // an evicting pool has no prefix cache
+  }
+  Result<std::size_t> swap_out(SeqId id, PageSwapTarget& target) override {
+    if constexpr (evicting) return no_eviction("swap_out", id, target);
+    else return pool_.swap_out(id, target);
+  }
+  Result<std::size_t> swap_in(SeqId id) override {
+    if constexpr (evicting) return no_eviction("swap_in", id);
+    else return pool_.swap_in(id);
+  }
+  [[nodiscard]] Result<bool> swapped_out(SeqId id) const override {
+    if constexpr (evicting) return no_eviction("swapped_out", id);
+    else return pool_.swapped_out(id);
   }
   [[nodiscard]] Result<std::vector<PageView>> pages(SeqId id, int layer, int kv_head) const override {
     return pool_.pages(id, layer, kv_head);
