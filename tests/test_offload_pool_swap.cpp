@@ -61,7 +61,8 @@ struct SwapFile {
   std::string path() { return dynamic_cast<FileRecordTier&>(*store->tier(0)).path(); }
   uint64_t offset(const SwapPageKey& k) {
     const auto loc = store->location(StoreSwapTarget::block_key(k));
-    return dynamic_cast<FileRecordTier&>(*store->tier(0)).slot_offset(loc->slot);
+    EXPECT_TRUE(loc && !loc->resident) << "no record of " << describe(k) << " in the file";
+    return loc ? dynamic_cast<FileRecordTier&>(*store->tier(0)).slot_offset(loc->slot) : 0;
   }
 };
 
@@ -103,7 +104,7 @@ TEST(OffloadPoolSwap, ATamperedRecordFailsAuthenticationAndNothingIsLost) {
   feed(pool, id, 70, 3);
   feed(twin, tid, 70, 3);
   ASSERT_TRUE(pool.swap_out(id, target));
-  const SwapPageKey victim{id, 1, 0, 1};
+  const SwapPageKey victim{id, 1, 0, 0};  // 70 tokens - Residual<8>: one 32-token key group committed, page 0
   const uint64_t at = file.offset(victim) + 100;  // inside the sealed payload
   const auto orig = kot::read_at(file.path(), at, 1);
   kot::write_at(file.path(), at, std::vector<std::byte>{orig[0] ^ std::byte{0x20}});
