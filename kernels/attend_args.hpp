@@ -42,6 +42,9 @@ struct BlockRef {
   /// positions come from the payload.
   std::int64_t rank = 0;
   const std::int32_t* slot_rank = nullptr;
+  /// Caches that reuse slots (eviction, with `valid` set): the cache index of slot t (-1 when
+  /// free), where AttendArgs::bias is read for it. Null: a masked block gets no bias.
+  const std::int32_t* slot_index = nullptr;
 };
 
 /// Everything one KV head holds, in cache-index order.

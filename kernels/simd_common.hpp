@@ -92,7 +92,8 @@ void attend_tiled(const AttendArgs& a_in, const HeadSegments& seg, const BlockLa
   auto row_of = [&](int st) { return mem.scores + static_cast<std::size_t>(st) * T; };
 
   // One tile of n <= T keys: K rows at kt + t * ks, V rows at vt + t * vs, cache indices
-  // first + t (causal) or, when `masked`, slots whose bit in `bits` is set (visible to all).
+  // first + t (causal) or, when `masked`, slots whose bit in `bits` is set (visible to all; their
+  // cache indices in `index` when the block has them, BlockRef::slot_index, for the bias).
   // Integer Q·K (Isa::int_dot_key<KC>): the queries are quantized once here, and quantized
   // tiles are scored from their codes (K is never dequantized); exact rows keep fp32 scores.
   constexpr bool kIntKeys = !KPerChannel && Isa::template int_dot_key<KC>;
@@ -161,7 +162,8 @@ void attend_tiled(const AttendArgs& a_in, const HeadSegments& seg, const BlockLa
   // first + t (causal) or, when `masked`, slots whose bit in `bits` is set (visible to all).
   // With vcodes (Isa::int_dot_value<VC> blocks), V is accumulated from its codes (vt unused).
   auto tile = [&](auto&& score, const float* vt, std::int64_t vs, std::int64_t first, int n, std::uint32_t bits,
-                  bool masked, std::int64_t ordinal, const std::byte* vcodes, const std::byte* vmeta) {
+                  bool masked, std::int64_t ordinal, const std::byte* vcodes, const std::byte* vmeta,
+                  const std::int32_t* index = nullptr) {
     // States are ordered by query, so visibility only grows with st: skip the blind prefix.
     int st0 = 0;
     if (!masked) {
@@ -175,6 +177,12 @@ void attend_tiled(const AttendArgs& a_in, const HeadSegments& seg, const BlockLa
       for (int st = st0; st < n_states; ++st) {
         float* row = row_of(st);
         for (int t = 0; t < n; ++t) row[t] += a.bias[first + t];
+      }
+    else if (a.bias && index)
+      for (int st = st0; st < n_states; ++st) {
+        float* row = row_of(st);
+        for (int t = 0; t < n; ++t)
+          if ((bits >> t) & 1u) row[t] += a.bias[index[t]];
       }
     // 2. Online softmax per state.
     for (int st = st0; st < n_states; ++st) {
@@ -353,11 +361,14 @@ void attend_tiled(const AttendArgs& a_in, const HeadSegments& seg, const BlockLa
             else run(std::integral_constant<int, 1>{});
             return js;
           };
-          tile(int_scores, vt, D, b.first + t0, n, bits, b.valid != nullptr, ordinal + t0, vcodes, vmeta);
+          tile(int_scores, vt, D, b.first + t0, n, bits, b.valid != nullptr, ordinal + t0, vcodes, vmeta,
+               b.slot_index ? b.slot_index + t0 : nullptr);
           scored = true;
         }
       }
-      if (!scored) tile(fp32_scores(kt, D, n), vt, D, b.first + t0, n, bits, b.valid != nullptr, ordinal + t0, vcodes, vmeta);
+      if (!scored)
+        tile(fp32_scores(kt, D, n), vt, D, b.first + t0, n, bits, b.valid != nullptr, ordinal + t0, vcodes, vmeta,
+             b.slot_index ? b.slot_index + t0 : nullptr);
     }
   }
   exact(seg.pending, pending_ord);

@@ -28,6 +28,9 @@
 
 #include "support/alloc_fault.hpp"  // the operator new / delete replacements, g_countdown, g_fired, Arm
 #include "support/pool_fault_script.hpp"
+#if defined(KVPACK_HAS_SODIUM)
+#include "kvpack/offload/pool_swap_target.hpp"
+#endif
 
 namespace {
 
@@ -205,3 +208,61 @@ TYPED_TEST(PoolAllocFault, MemoryBytesAllocatesNothing) {
 }
 
 }  // namespace
+
+#if defined(KVPACK_HAS_SODIUM)
+// Swapping through an encrypted file tier (offload::StoreSwapTarget): each allocation of
+// swap_out and of swap_in failing in turn is Errc::out_of_memory with the sequence where it was
+// (resident with no record left in the store, or swapped out with every record kept), and the
+// retried call completes: no record stays locked by a failed one (OffloadStore clears its busy
+// flag when an allocation throws while it seals or opens a record).
+TEST(PoolAllocFaultSwap, EncryptedFileTierSwapsAllOrNothing) {
+  using Pool = PagedCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Residual<8>, Blocks<16>>;
+  const PoolConfig cfg{.shape = kShape, .byte_budget = 1 << 20, .max_sequences = 2};
+  offload::StoreConfig sc;
+  auto pool = Pool::create(cfg).value();
+  sc.layout = offload::swap_layout_for(pool);
+  sc.resident_budget_bytes = 0;
+  sc.background = false;
+  sc.file = offload::FileTier{};
+  auto store = offload::OffloadStore::create(sc).value();
+  offload::StoreSwapTarget target(*store);
+  const SeqId id = pool.create_sequence().value();
+  for (int l = 0; l < kShape.layers; ++l)
+    ASSERT_TRUE(pool.append(id, l, rows(3, 0, 70, 0), rows(3, 0, 70, 1), kvtest::iota_positions(0, 70)));
+  const std::vector<SeqId> ids{id};
+  const std::string resident = snapshot(pool, ids);
+  const std::size_t pages = pool.stats().pages_used;
+  int failed = 0;
+  for (const bool out : {true, false}) {
+    for (long n = 1;; ++n) {
+      g_countdown = n, g_fired = false;
+      Result<std::size_t> r = std::size_t{0};
+      {
+        Arm a(true);
+        r = out ? pool.swap_out(id, target) : pool.swap_in(id);
+      }
+      g_countdown = 0;
+      if (!g_fired) {
+        ASSERT_TRUE(r) << r.error().message;
+        break;
+      }
+      ++failed;
+      ASSERT_FALSE(r) << (out ? "swap_out" : "swap_in") << " at allocation " << n;
+      EXPECT_EQ(r.error().code, Errc::out_of_memory) << r.error().message;
+      const offload::Metrics m = store->metrics();
+      if (out) {  // still resident, no record left (the one in flight erased too)
+        EXPECT_FALSE(pool.swapped_out(id).value());
+        EXPECT_EQ(m.resident_blocks + m.offloaded_blocks, 0u) << "allocation " << n;
+        EXPECT_TRUE(snapshot(pool, ids) == resident) << "allocation " << n;
+      } else {  // still out, every record kept
+        EXPECT_TRUE(pool.swapped_out(id).value());
+        EXPECT_EQ(m.offloaded_blocks + m.resident_blocks, pages) << "allocation " << n << ": offloaded " << m.offloaded_blocks << " resident " << m.resident_blocks << " fetches " << m.fetches << " failures " << m.fetch_failures;
+        EXPECT_EQ(pool.stats().pages_used, 0u) << "allocation " << n;
+      }
+    }
+    EXPECT_EQ(pool.swapped_out(id).value(), out);
+  }
+  EXPECT_TRUE(snapshot(pool, ids) == resident);
+  EXPECT_GT(failed, 4);
+}
+#endif

@@ -238,7 +238,7 @@ TEST(PoolSwap, FailuresChangeNothing) {
   ASSERT_TRUE(pool.free_sequence(hog));
   // A load that fails verification, then a foreign header: nothing taken, copies kept.
   const std::size_t free_before = pool.stats().pages_free;
-  target.load_fail_at = 2;
+  target.loads = 0, target.load_fail_at = 2;  // the third page of this swap_in
   in = pool.swap_in(id);
   ASSERT_FALSE(in);
   EXPECT_EQ(in.error().code, Errc::auth_failed);

@@ -46,7 +46,7 @@ std::vector<float> run(Pool& pool, int s, bool fork_midway, HostSwapTarget& swap
       EXPECT_TRUE(pool.free_sequence(id));
       id = child;
     }
-    if (s % 2 == 0 && t % 10 == 5) {  // preempted and resumed: the outputs must not notice
+    if (t % 10 == 5) {  // preempted and resumed (odd s: right after its fork took over): outputs must not notice
       EXPECT_TRUE(pool.swap_out(id, swap));
       EXPECT_TRUE(pool.swap_in(id));
     }

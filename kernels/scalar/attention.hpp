@@ -29,11 +29,12 @@ namespace scalar_detail {
 
 /// Online-softmax update of every (query, group head) state with `count` keys/values starting at
 /// cache index `first` (causal), or, when `valid` is non-null, the slots whose bit is set.
-/// `ordinal` numbers the first key for key_mass bookkeeping; a.bias[first + t] is added to key
-/// t's scaled score when a.bias is set and `valid` is not.
+/// `ordinal` numbers the first key for key_mass bookkeeping; when a.bias is set, a.bias[first + t]
+/// is added to key t's scaled score, or a.bias[slot_index[t]] with `valid` (no bias when
+/// slot_index is null).
 inline void accumulate_tile(const AttendArgs& a, const float* kt, std::int64_t k_stride, const float* vt,
                             std::int64_t stride, std::int64_t first, std::int64_t count, const std::uint64_t* valid,
-                            std::int64_t ordinal, Scratch& s) {
+                            std::int64_t ordinal, Scratch& s, const std::int32_t* slot_index = nullptr) {
   const int D = a.head_dim;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   for (int i = 0; i < a.n_q; ++i) {
@@ -52,6 +53,7 @@ inline void accumulate_tile(const AttendArgs& a, const float* kt, std::int64_t k
           for (int d = 0; d < D; ++d) dot += q[d] * k[d];
           sc = dot * a.scale;
           if (a.bias && !valid) sc += a.bias[first + t];
+          else if (a.bias && slot_index) sc += a.bias[slot_index[t]];
         }
         s.scores[static_cast<std::size_t>(t)] = sc;
         mx = std::max(mx, sc);
@@ -178,7 +180,7 @@ void attend_scalar(const AttendArgs& a_in, const HeadSegments& seg, const BlockL
     if (a.rope)  // pre-RoPE keys: rotated at their positions (masked-out slots skipped)
       rope_block_rows(*a.rope, b, L, 0, b.count, s.k_tile.data(), D);
     scalar_detail::accumulate_tile(a, s.k_tile.data(), D, s.v_tile.data(), D, b.first, b.count, b.valid,
-                                   blocks_ord + static_cast<std::int64_t>(i) * L.tokens, s);
+                                   blocks_ord + static_cast<std::int64_t>(i) * L.tokens, s, b.slot_index);
   }
   exact(seg.pending, pending_ord);
   exact(seg.chunk, chunk_ord);

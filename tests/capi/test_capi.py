@@ -373,9 +373,14 @@ def test_swap(lib, rng):
               f"swap: layer {layer} differs from the twin never swapped")
     lib.kvpack_pool_destroy(pool.h)
     lib.kvpack_pool_destroy(twin.h)
-    ev = Pool(lib, "h2o-25", SHAPE)
+    ev = Pool(lib, "h2o-25", SHAPE)  # evicting: scores and eviction state stay in memory while out
     _, e = ev.seq()
-    check(lib.kvpack_seq_swap_out(ev.h, e, None) == UNSUPPORTED, "swap_out with eviction")
+    for layer in range(L):
+        ev.append(e, layer, k, v, pos)
+    before = ev.attend(e, 1, q)[1]
+    check(lib.kvpack_seq_swap_out(ev.h, e, None) == OK, f"swap_out with eviction: {lib.kvpack_last_error()}")
+    check(lib.kvpack_seq_swap_in(ev.h, e, None) == OK, f"swap_in with eviction: {lib.kvpack_last_error()}")
+    check(np.array_equal(ev.attend(e, 1, q)[1], before), "evicting sequence: swapped out and back, same output")
     lib.kvpack_pool_destroy(ev.h)
 
 

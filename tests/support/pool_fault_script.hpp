@@ -104,6 +104,7 @@ std::string snapshot(Pool& pool, const std::vector<SeqId>& ids) {
   const std::size_t counts[] = {st.pages_total, st.pages_used,  st.pages_free,        st.pages_shared,     st.prefix_pages,
                                 st.prefix_entries, st.exact_bytes, st.bytes_if_unshared, st.sequences.size()};
   for (const std::size_t v : counts) num(static_cast<std::int64_t>(v));
+  num(static_cast<std::int64_t>(swap_space().pages())), num(static_cast<std::int64_t>(swap_space().bytes()));  // no copy leaked
   for (const SequenceStats& q : st.sequences)
     num(q.tokens), num(static_cast<std::int64_t>(q.pages)), num(static_cast<std::int64_t>(q.exact_bytes));
   const std::size_t bytes = pool.block_layout().bytes;

@@ -205,18 +205,18 @@ KVPACK_C_API kvpack_status kvpack_seq_truncate(kvpack_pool* pool, kvpack_seq seq
 
 /** Swaps a sequence out of the page arena (preemption by swapping, as vLLM's swap space): the
  *  pages it holds alone are copied to the pool's swap space in process memory, then zeroed and
- *  freed for other sequences; pages it shares (fork) stay. Until kvpack_seq_swap_in, calls on it
+ *  freed for other sequences; pages it shares (fork) stay; an evicting sequence keeps its scores
+ *  and eviction state in memory. Until kvpack_seq_swap_in, calls on it
  *  other than kvpack_seq_length, kvpack_seq_free and kvpack_seq_swap_in return
  *  KVPACK_ERR_NOT_PRESENT. *pages_moved (when not NULL): the pages freed.
  *  Errors, nothing changed: stale handle (INVALID_ARGUMENT); swapped out already (NOT_PRESENT);
- *  an evicting policy (UNSUPPORTED); the copies cannot be allocated (OUT_OF_MEMORY). */
+ *  the copies cannot be allocated (OUT_OF_MEMORY). */
 KVPACK_C_API kvpack_status kvpack_seq_swap_out(kvpack_pool* pool, kvpack_seq seq, int64_t* pages_moved);
 
 /** Brings a swapped-out sequence back into fresh pages: it is then bit-identical to a sequence
  *  never swapped (same codes, same attention outputs). *pages_moved (when not NULL): pages taken.
  *  Errors, the sequence staying swapped out: stale handle or not swapped out (INVALID_ARGUMENT);
- *  too few free pages (CAPACITY_EXCEEDED: free or swap out others first); an evicting policy
- *  (UNSUPPORTED). */
+ *  too few free pages (CAPACITY_EXCEEDED: free or swap out others first). */
 KVPACK_C_API kvpack_status kvpack_seq_swap_in(kvpack_pool* pool, kvpack_seq seq, int64_t* pages_moved);
 
 /** Appends n_tokens tokens to `layer` of a sequence: k, v [n_tokens][kv_heads][head_dim],
@@ -256,12 +256,14 @@ KVPACK_C_API kvpack_status kvpack_attend_batch(const kvpack_pool* pool, int32_t 
  *  entry is the last; mask_indptr has n_seqs + 1 non-decreasing entries. The same bias applies to
  *  every query head (per-head masks are not supported). -INFINITY drops a token; an all-zero mask
  *  gives outputs bit-identical to kvpack_attend_batch. The bias is applied inside the attention
- *  kernel, on every host backend.
+ *  kernel, on every host backend. With an evicting policy a mask still has one entry per token
+ *  appended to the layer (evicted ones included, by cache index); the kernel reads the entries of
+ *  the tokens the sequence holds, and the eviction scores count the masked attention.
  *  Errors, checked before anything runs (out untouched): those of kvpack_attend_batch; NULL mask
  *  or mask_indptr, indptr entries negative or decreasing, a mask length other than the sequence's
  *  tokens in the layer (the message names both), a mask of only -INFINITY (INVALID_ARGUMENT);
- *  NaN or +INFINITY in a mask (NON_FINITE, naming the sequence and the entry); a pool with an
- *  evicting policy (UNSUPPORTED). After: a non-finite output (NON_FINITE). */
+ *  NaN or +INFINITY in a mask (NON_FINITE, naming the sequence and the entry). After: a
+ *  non-finite output (NON_FINITE). */
 KVPACK_C_API kvpack_status kvpack_attend_batch_masked(const kvpack_pool* pool, int32_t layer, const kvpack_seq* seqs,
                                                       int64_t n_seqs, const float* q, const float* mask,
                                                       const int64_t* mask_indptr, float* out,

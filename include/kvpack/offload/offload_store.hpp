@@ -134,6 +134,7 @@ class OffloadStore : private detail::OffloadStoreCore {
     auto p = std::make_shared<detail::Payload>();
     p->bytes = std::move(payload);
     p->token_count = token_count;
+    auto node = order_node();  // every allocation before the entry changes
     std::shared_ptr<const detail::Payload> old;
     {
       std::unique_lock lock(mu_);
@@ -155,7 +156,7 @@ class OffloadStore : private detail::OffloadStoreCore {
       e->token_count = token_count;
       e->payload_bytes = static_cast<uint32_t>(p->bytes.size());
       e->prefetched = false;
-      set_hot_locked(key, *e, std::move(p));
+      set_hot_locked(key, *e, std::move(p), std::move(node));
     }
     old.reset();  // wiped here, outside the lock, unless a handle still shows it
     after_growth();

@@ -79,19 +79,29 @@ class OffloadStoreCore {
     return {static_cast<int64_t>(e.last_use), 0, key};
   }
   void order_erase_locked(const BlockKey&, Entry& e) { order_.erase(e.order_key); }
-  void touch_locked(const BlockKey& key, Entry& e) {
-    order_.erase(e.order_key);
+  using OrderSet = std::set<std::tuple<int64_t, uint64_t, BlockKey>>;
+  /// A node of order_ allocated ahead (may throw std::bad_alloc), so that a block becoming
+  /// resident allocates nothing once its state starts to change.
+  static OrderSet::node_type order_node() {
+    OrderSet one;
+    one.emplace();  // (insert({}) would pick the initializer_list overload and insert nothing)
+    return one.extract(one.begin());
+  }
+  void touch_locked(const BlockKey& key, Entry& e) {  // moves the block's node: allocates nothing
+    auto node = order_.extract(e.order_key);
     e.last_use = ++tick_;
     e.order_key = make_order_key(key, e);
-    order_.insert(e.order_key);
+    node.value() = e.order_key;
+    order_.insert(std::move(node));
   }
-  void set_hot_locked(const BlockKey& key, Entry& e, std::shared_ptr<const detail::Payload> p) {
+  void set_hot_locked(const BlockKey& key, Entry& e, std::shared_ptr<const detail::Payload> p, OrderSet::node_type node) {
+    e.last_use = ++tick_;
+    e.order_key = make_order_key(key, e);
+    node.value() = e.order_key;
+    order_.insert(std::move(node));
     resident_bytes_ += p->bytes.size();
     ++resident_blocks_;
     e.hot = std::move(p);
-    e.last_use = ++tick_;
-    e.order_key = make_order_key(key, e);
-    order_.insert(e.order_key);
   }
   void drop_hot_locked(const BlockKey& key, Entry& e) {
     order_erase_locked(key, e);
@@ -132,6 +142,15 @@ class OffloadStoreCore {
     return nullptr;
   }
 
+  // After an exception in a section that runs unlocked with e.busy set (write_locked,
+  // fetch_locked): takes the lock back, clears busy, counts the failure and wakes the waiters.
+  void unbusy_after_throw(std::unique_lock<std::mutex>& lock, Entry& e, uint64_t& failures) noexcept {
+    if (!lock.owns_lock()) lock.lock();
+    e.busy = false;
+    ++failures;
+    cv_.notify_all();
+  }
+
   // Seals e's hot copy and writes it to the first tier with room; the lock is released during
   // sealing and I/O (e.busy keeps others off this block). On success the block has a record
   // and its hot copy is dropped if no handle shows it.
@@ -146,33 +165,41 @@ class OffloadStoreCore {
     lock.unlock();
 
     const BlockId id{cache_, key, version};
-    const std::string what = describe(key);
-    Status status = fail(Errc::capacity_exceeded, what + ": every offload tier is full");
-    std::size_t used_tier = 0;
+    Status status;
+    std::size_t used_tier = 0, rec_size = 0;
     uint64_t slot = 0;
-    SecureBytes record(record_bytes(p->bytes.size()));
-    Aead sealed_as = Aead::none;
-    bool sealed = false;
-    for (std::size_t t = 0; t < tiers_.size(); ++t) {
-      if (!tiers_[t]->has_room(record.size())) continue;
-      const RecordCipher& c = cipher_for(t);
-      if (!sealed || sealed_as != c.aead()) {
-        if (auto s = seal_record(c, cfg_.layout, id, p->token_count, p->bytes.span(), record.span()); !s) {
-          status = s;
+    try {  // a std::bad_alloc here must not leave the block busy (every later call would wait)
+      const std::string what = describe(key);
+      status = fail(Errc::capacity_exceeded, what + ": every offload tier is full");
+      SecureBytes record(record_bytes(p->bytes.size()));
+      rec_size = record.size();
+      Aead sealed_as = Aead::none;
+      bool sealed = false;
+      for (std::size_t t = 0; t < tiers_.size(); ++t) {
+        if (!tiers_[t]->has_room(record.size())) continue;
+        const RecordCipher& c = cipher_for(t);
+        if (!sealed || sealed_as != c.aead()) {
+          if (auto s = seal_record(c, cfg_.layout, id, p->token_count, p->bytes.span(), record.span()); !s) {
+            status = s;
+            break;
+          }
+          sealed = true;
+          sealed_as = c.aead();
+        }
+        auto r = tiers_[t]->store(record.span(), what);
+        if (r) {
+          status = {};
+          used_tier = t;
+          slot = *r;
           break;
         }
-        sealed = true;
-        sealed_as = c.aead();
+        status = r.error();
+        if (r.error().code != Errc::capacity_exceeded) break;  // an I/O error: do not spill further
       }
-      auto r = tiers_[t]->store(record.span(), what);
-      if (r) {
-        status = {};
-        used_tier = t;
-        slot = *r;
-        break;
-      }
-      status = r.error();
-      if (r.error().code != Errc::capacity_exceeded) break;  // an I/O error: do not spill further
+    } catch (...) {
+      p.reset();
+      unbusy_after_throw(lock, e, offload_failures_);
+      throw;
     }
     p.reset();
 
@@ -181,8 +208,8 @@ class OffloadStoreCore {
     if (status) {
       e.tier = static_cast<int>(used_tier);
       e.slot = slot;
-      e.record_bytes = static_cast<uint32_t>(record.size());
-      bytes_written_ += record.size();
+      e.record_bytes = static_cast<uint32_t>(rec_size);
+      bytes_written_ += rec_size;
       ++offloads_;
       if (e.hot.use_count() == 1) drop_hot_locked(key, e);
     } else {
@@ -206,18 +233,28 @@ class OffloadStoreCore {
     lock.unlock();
 
     const auto t0 = std::chrono::steady_clock::now();
-    const std::string what = describe(key);
-    SecureBytes record(rec_bytes);
-    auto p = std::make_shared<detail::Payload>();
-    p->bytes = SecureBytes(payload_bytes);
-    Status status = tiers_[tier]->load(slot, record.span(), what + " from the " + std::string(tiers_[tier]->name()) + " tier");
-    if (status) {
-      auto r = open_record(cipher_for(tier), cfg_.layout, id, record.span(), p->bytes.span());
-      if (!r)
-        status = r.error();
-      else if (r->payload_bytes != payload_bytes || r->token_count != token_count)
-        status = fail(Errc::corrupt_data, what + ": record does not match the index");
-      p->token_count = token_count;
+    std::shared_ptr<detail::Payload> p;
+    OrderSet::node_type node;
+    Status status;
+    try {  // a std::bad_alloc here must not leave the block busy (every later call would wait)
+      node = order_node();
+      const std::string what = describe(key);
+      SecureBytes record(rec_bytes);
+      p = std::make_shared<detail::Payload>();
+      p->bytes = SecureBytes(payload_bytes);
+      status = tiers_[tier]->load(slot, record.span(), what + " from the " + std::string(tiers_[tier]->name()) + " tier");
+      if (status) {
+        auto r = open_record(cipher_for(tier), cfg_.layout, id, record.span(), p->bytes.span());
+        if (!r)
+          status = r.error();
+        else if (r->payload_bytes != payload_bytes || r->token_count != token_count)
+          status = fail(Errc::corrupt_data, what + ": record does not match the index");
+        p->token_count = token_count;
+      }
+    } catch (...) {
+      p.reset();
+      unbusy_after_throw(lock, e, fetch_failures_);
+      throw;
     }
     const auto ns = static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
@@ -225,7 +262,7 @@ class OffloadStoreCore {
     lock.lock();
     e.busy = false;
     if (status) {
-      set_hot_locked(key, e, std::move(p));
+      set_hot_locked(key, e, std::move(p), std::move(node));
       --offloaded_blocks_;
       e.prefetched = by_prefetch;
       e.fetch_ns = ns;
@@ -293,7 +330,7 @@ class OffloadStoreCore {
   mutable std::mutex mu_;
   std::condition_variable cv_;  // an entry stopped being busy
   std::unordered_map<BlockKey, Entry, BlockKeyHash> map_;
-  std::set<std::tuple<int64_t, uint64_t, BlockKey>> order_;  // resident blocks, eviction order
+  OrderSet order_;  // resident blocks, eviction order
   std::set<int32_t> pinned_layers_;
   LayerRange protect_{};
   uint64_t version_counter_ = 0, tick_ = 0;

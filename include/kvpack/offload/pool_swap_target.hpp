@@ -50,7 +50,9 @@ template <class Pool>
 /// under BlockKey{layer, kv_head, (slot index << 32) | page index} as its header followed by its
 /// payload; with `write_through` (default) store() moves the record to a lower tier at once
 /// (OffloadStore::offload), so the page leaves process memory in encrypted form before swap_out
-/// returns; without it the store's resident budget decides. Thread-safe as the store is.
+/// returns; without it the store's resident budget decides. The store must serve this target
+/// only, and the target one pool (keys carry the slot, not the generation or the pool: another
+/// user of the store would overwrite records). Thread-safe as the store is.
 class StoreSwapTarget final : public kvpack::PageSwapTarget {
  public:
   /// `store` must outlive this target and every page swapped into it.

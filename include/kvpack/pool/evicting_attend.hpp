@@ -19,12 +19,13 @@ namespace kvpack::pool_detail {
 
 /// Attention of the n_q = q.size() / (q_heads * D) newest tokens of `layer` of sequence s (its
 /// `store` and eviction `hook`) into out, with Codec's kernel, each KV head's key mass into
-/// mass[h] when the policy wants it; i: the sequence's batch index or -1 (for the error
-/// message). Scores untouched. Errc::non_finite for a non-finite output; may throw
+/// mass[h] when the policy wants it; bias: its additive mask by cache index (AttendArgs::bias,
+/// read for held slots through BlockRef::slot_index) or nullptr; i: the sequence's batch index
+/// or -1 (for the error message). Scores untouched. Errc::non_finite for a non-finite output; may throw
 /// std::bad_alloc (scratch).
 template <class Codec, class Seq>
 Status evicting_kernels(Seq& s, const ModelShape& shape, int layer, std::span<const float> q, std::span<float> out,
-                        Workspace& ws, std::vector<std::vector<float>>& mass, std::int64_t i) {
+                        Workspace& ws, std::vector<std::vector<float>>& mass, std::int64_t i, const float* bias = nullptr) {
   using Hook = decltype(s.hook);
   const int D = shape.head_dim, group = shape.q_heads / shape.kv_heads;
   const auto& L = s.store.layer(layer);
@@ -33,6 +34,7 @@ Status evicting_kernels(Seq& s, const ModelShape& shape, int layer, std::span<co
   for (int h = 0; h < shape.kv_heads; ++h) {
     const std::int64_t at = static_cast<std::int64_t>(h) * group * D;
     kernels::AttendArgs a = s.store.args_for(L, q.data() + at, out.data() + at, n_q, group);
+    a.bias = bias;
     const kernels::HeadSegments seg = s.store.segments(layer, h, s.hook, 0, ws.refs);
     if constexpr (Hook::wants_mass) {
       std::vector<float>& m = mass[static_cast<std::size_t>(h)];

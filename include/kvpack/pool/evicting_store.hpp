@@ -328,7 +328,9 @@ class PagedEvictStore {
     for (std::size_t b = 0; b < table.size(); ++b) {
       const std::int64_t count =
           hook.block_visible(*this, li, h, b) ? std::min<std::int64_t>(B, H.slots() - static_cast<std::int64_t>(b) * B) : 0;
-      refs.push_back({pool_->data(table[b]), 0, static_cast<int>(count), H.valid.data() + b * w});
+      kernels::BlockRef r{pool_->data(table[b]), 0, static_cast<int>(count), H.valid.data() + b * w};
+      r.slot_index = H.slot_token.data() + b * static_cast<std::size_t>(B);  // the bias of a masked batch, by cache index
+      refs.push_back(r);
     }
     seg.blocks = refs;
     return seg;

@@ -44,9 +44,10 @@ struct SwapPageKey {
 }
 
 /// Storage for swapped-out pages. A pool calls store() for every page it swaps out, load() for
-/// every page it swaps back in, and erase() once a page is back or its sequence is freed. One
-/// target may serve several pools' sequences only if their SeqIds cannot collide (one target per
-/// pool is the simple rule). Calls for different sequences may come from several threads at once.
+/// every page it swaps back in, and erase() once a page is back or its sequence is freed. A
+/// target serves ONE pool (keys name the sequence by its SeqId, not the pool), and must outlive
+/// every sequence swapped into it: declare it before the pool. Calls for different sequences may
+/// come from several threads at once.
 class PageSwapTarget {
  public:
   virtual ~PageSwapTarget() = default;

@@ -295,7 +295,7 @@ class BasicPagedCache {
   /// length, tokens, block_positions, swapped_out, swap_in and free_sequence are Errc::not_present.
   /// `target` must outlive the swap (free_sequence and ~PagedCache erase the copies through it).
   /// Returns the pages freed. Errors, nothing changed: stale handle; swapped out already
-  /// (Errc::invalid_argument); the target's store error (copies made are erased); out_of_memory.
+  /// (Errc::not_present); the target's store error (copies made are erased); out_of_memory.
   Result<std::size_t> swap_out(SeqId id, PageSwapTarget& target) {
     auto s = find(id, "swap_out");
     if (!s) return s.error();

@@ -44,7 +44,7 @@ namespace kvpack {
 /// Differences from the non-evicting pool: attend and attend_batch update the sequence's scores
 /// (non-const, as KVCache::attend); truncate is Errc::unsupported (eviction already dropped
 /// tokens and folded attention into scores: no earlier state can be rebuilt); no prefix cache,
-/// page import or masked batches (Errc::unsupported / absent). Fork shares every page;
+/// or page import (Errc::unsupported / absent). Fork shares every page;
 /// an append or compress_prompt copies a shared page before writing or zeroing a slot in it.
 /// Thread safety as PagedCache: calls on different sequences may run concurrently; calls on the
 /// same sequence must not overlap (attend writes scores).
@@ -281,19 +281,24 @@ class EvictingPagedCache {
                       const Executor& exec, std::span<Workspace> workspaces) {
     if (!st_) return moved("attend_batch");
     if (Status c = check_layer("attend_batch", layer); !c) return c;
-    return catch_alloc("attend_batch", 0, [&] { return batch(layer, seqs, q, out, exec, workspaces); });
+    return catch_alloc("attend_batch", 0, [&] { return batch(layer, seqs, q, nullptr, out, exec, workspaces); });
   }
-  /// Masked batches are not available with eviction (a mask by cache index over evicted tokens):
-  /// Errc::unsupported, nothing changed.
-  Status attend_batch(int, std::span<const SeqId>, std::span<const float>, const BatchMask&, std::span<float>,
-                      const Executor&, std::span<Workspace>) {
-    return fail(Errc::unsupported, "attend_batch: additive masks are not available with an eviction policy");
+  /// The same with per-sequence additive masks, as PagedCache's (BatchMask: mask i holds one entry
+  /// per token sequence i has appended to `layer`, evicted ones included, by cache index; the
+  /// kernels add a held slot's entry through BlockRef::slot_index). The scores the policy keeps
+  /// (H2O/TOVA key mass) are of the masked attention, as the model saw it. Errors: those above
+  /// and PagedCache's mask errors (lengths, NaN/+inf, all -inf), checked before any kernel.
+  Status attend_batch(int layer, std::span<const SeqId> seqs, std::span<const float> q, const BatchMask& masks,
+                      std::span<float> out, const Executor& exec, std::span<Workspace> workspaces) {
+    if (!st_) return moved("attend_batch");
+    if (Status c = check_layer("attend_batch", layer); !c) return c;
+    return catch_alloc("attend_batch", 0, [&] { return batch(layer, seqs, q, &masks, out, exec, workspaces); });
   }
 
  private:
   // attend_batch after the layer check; may throw std::bad_alloc before any score changes.
-  Status batch(int layer, std::span<const SeqId> seqs, std::span<const float> q, std::span<float> out,
-               const Executor& exec, std::span<Workspace> workspaces) {
+  Status batch(int layer, std::span<const SeqId> seqs, std::span<const float> q, const BatchMask* masks,
+               std::span<float> out, const Executor& exec, std::span<Workspace> workspaces) {
     const std::size_t N = seqs.size(), qrow = static_cast<std::size_t>(shape().q_heads) * static_cast<std::size_t>(shape().head_dim);
     if (Status c = pool_detail::check_batch_sizes(N, qrow, q.size(), out.size(), workspaces.size()); !c) return c;
     std::vector<Seq*> S(N);
@@ -310,6 +315,11 @@ class EvictingPagedCache {
           !c)
         return c;
     }
+    if (masks) {
+      std::vector<std::int64_t> tokens(N);
+      for (std::size_t i = 0; i < N; ++i) tokens[i] = S[i]->store.layer(layer).total;
+      if (Status c = pool_detail::check_masks(layer, *masks, tokens); !c) return c;
+    }
     const int W = static_cast<int>(std::min(N, workspaces.size()));
     // Every kernel first (all the allocation: scratch, key masses: sequence i's in workspaces[i % W]
     // .batch_mass[i / W]), each task catching its std::bad_alloc; scores only if none failed so.
@@ -322,7 +332,7 @@ class EvictingPagedCache {
         res[i] = catch_alloc("attend_batch", 0, [&] {
           if (ws.batch_mass.size() <= i / Wz) ws.batch_mass.resize(i / Wz + 1);
           return run_kernels(*S[i], layer, q.subspan(i * qrow, qrow), out.subspan(i * qrow, qrow), ws, mass_of(i),
-                             static_cast<std::int64_t>(i));
+                             static_cast<std::int64_t>(i), masks ? masks->values.data() + masks->offsets[i] : nullptr);
         });
     };
     pool_detail::run_tasks(W, exec, task);
@@ -404,8 +414,8 @@ class EvictingPagedCache {
     return op();
   }
   Status run_kernels(Seq& s, int layer, std::span<const float> q, std::span<float> out, Workspace& ws,
-                     std::vector<std::vector<float>>& mass, std::int64_t i) {
-    return pool_detail::evicting_kernels<codec_hook>(s, shape(), layer, q, out, ws, mass, i);
+                     std::vector<std::vector<float>>& mass, std::int64_t i, const float* bias = nullptr) {
+    return pool_detail::evicting_kernels<codec_hook>(s, shape(), layer, q, out, ws, mass, i, bias);
   }
   void credit(Seq& s, int layer, std::span<const float> q, Workspace& ws, std::vector<std::vector<float>>& mass) {
     pool_detail::evicting_credit(s, shape(), layer, q, ws, mass);

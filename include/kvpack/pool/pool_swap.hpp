@@ -49,52 +49,55 @@ void for_each_page(PageTables<At>& t, F&& f) {
 }
 
 /// Moves the pages `layers` (sequence `id`, swap state `sw`) holds alone to `target`, then
-/// releases them: all or nothing (a failed store erases the copies already made and changes
-/// nothing). Returns the pages moved. May throw std::bad_alloc before anything is stored.
+/// releases them: all or nothing (a failed store, or a std::bad_alloc from the target, erases the
+/// copies made and changes nothing). Returns the pages moved. Errc::not_present when swapped out
+/// already.
 template <class At>
 Result<std::size_t> swap_out(PagePool& pool, const BlockLayout& layout, PageTables<At> layers, SwapState& sw, SeqId id,
                              PageSwapTarget& target) {
-  if (sw.swapped_to != nullptr) return fail(Errc::invalid_argument, "swap_out: the sequence is swapped out already");
-  std::vector<SwapPageKey> stored;
-  std::size_t alone = 0;
-  for_each_page(layers, [&](std::int32_t, std::int32_t, std::int64_t, std::uint32_t& p) { alone += pool.refs(p) == 1; });
-  stored.reserve(alone);
-  Status failed;
+  if (sw.swapped_to != nullptr) return fail(Errc::not_present, "swap_out: the sequence is swapped out already");
+  // The pages it holds alone, found before anything is stored (the only allocation). The set is
+  // stable: only calls on this sequence could share one of them, and they do not overlap this
+  // one; a page another sequence lets go of meanwhile just stays resident.
+  struct Alone {
+    SwapPageKey key;
+    std::uint32_t* entry;
+  };
+  std::vector<Alone> alone;
+  for_each_page(layers, [&](std::int32_t l, std::int32_t h, std::int64_t k, std::uint32_t& p) {
+    if (pool.refs(p) == 1) alone.push_back({SwapPageKey{id, l, h, k}, &p});  // shared pages stay: a copy frees nothing
+  });
+  std::size_t n = 0;  // pages stored; page n is in flight
+  auto erase_made = [&] {  // the copies made, and the one in flight (erase ignores absent keys)
+    for (std::size_t j = 0; j <= n && j < alone.size(); ++j) target.erase(alone[j].key);
+  };
   try {
-    for_each_page(layers, [&](std::int32_t l, std::int32_t h, std::int64_t k, std::uint32_t& p) {
-      if (!failed || pool.refs(p) != 1) return;  // shared pages stay resident: a copy would free nothing
-      const SwapPageKey key{id, l, h, k};
-      if (Status s = target.store(key, pool.header(p), {pool.data(p), layout.bytes}); !s)
-        failed = fail(s.error().code, "swap_out: " + describe(key) + ": " + s.error().message);
-      else
-        stored.push_back(key);  // reserved: never throws
-    });
+    for (; n < alone.size(); ++n) {
+      const Alone& a = alone[n];
+      if (Status s = target.store(a.key, pool.header(*a.entry), {pool.data(*a.entry), layout.bytes}); !s) {
+        erase_made();
+        return fail(s.error().code, "swap_out: " + describe(a.key) + ": " + s.error().message);
+      }
+    }
   } catch (...) {  // a target's std::bad_alloc: no copy may outlive the failed call
-    for (const SwapPageKey& key : stored) target.erase(key);
+    erase_made();
     throw;
   }
-  if (!failed) {
-    for (const SwapPageKey& key : stored) target.erase(key);
-    return failed.error();
+  for (const Alone& a : alone) {  // stored everything: now the pages go
+    pool.release(*a.entry);
+    *a.entry = kSwappedPage;
   }
-  // Stored everything: now the pages go (the order of `stored` is the order of the walk above).
-  std::size_t i = 0;
-  for_each_page(layers, [&](std::int32_t l, std::int32_t h, std::int64_t k, std::uint32_t& p) {
-    if (i == stored.size() || !(stored[i] == SwapPageKey{id, l, h, k})) return;
-    pool.release(p);
-    p = kSwappedPage;
-    ++i;
-  });
   sw.swapped_to = &target;
-  sw.swapped_pages = stored.size();
-  return stored.size();
+  sw.swapped_pages = alone.size();
+  return alone.size();
 }
 
 /// Brings a swapped-out sequence's pages back from its target into fresh pages: all or nothing
 /// (Errc::capacity_exceeded when the pool is short of pages, or the target's load error: the
 /// pages taken are zeroed and freed, the sequence stays swapped out and its copies are kept).
-/// A loaded header that is not this pool's codec, head_dim or a count within Blocks<B> is
-/// Errc::corrupt_data. On success the copies are erased. May throw std::bad_alloc before any
+/// A loaded header whose bits, groups, key axis (flags bit 0), head_dim or count (1..B) differ
+/// from this pool's is Errc::corrupt_data (the header cannot tell two codecs of equal widths
+/// apart: a target serves one pool). On success the copies are erased. May throw std::bad_alloc before any
 /// page is taken.
 template <class At>
 Result<std::size_t> swap_in(PagePool& pool, const BlockLayout& layout, const BlockHeader& proto, PageTables<At> layers,
@@ -115,9 +118,10 @@ Result<std::size_t> swap_in(PagePool& pool, const BlockLayout& layout, const Blo
       return;
     }
     if (hd.format != proto.format || hd.k_bits != proto.k_bits || hd.v_bits != proto.v_bits || hd.k_group != proto.k_group ||
-        hd.v_group != proto.v_group || hd.head_dim != proto.head_dim || hd.count == 0 ||
-        hd.count > static_cast<std::uint16_t>(layout.tokens)) {
-      failed = fail(Errc::corrupt_data, "swap_in: " + describe(key) + ": the loaded header is not a page of this pool (codec, head_dim or count)");
+        hd.v_group != proto.v_group || (hd.flags & 1u) != (proto.flags & 1u) || hd.head_dim != proto.head_dim ||
+        hd.count == 0 || hd.count > static_cast<std::uint16_t>(layout.tokens)) {
+      failed = fail(Errc::corrupt_data, "swap_in: " + describe(key) +
+                                            ": the loaded header is not a page of this pool (bits, groups, key axis, head_dim or count)");
       return;
     }
     pool.header(pg) = hd;

@@ -69,7 +69,7 @@ class AnyPool {
   virtual Result<std::int64_t> attach_prefix(SeqId id, std::string_view model_id, std::span<const std::int32_t> prompt) = 0;
   virtual void clear_prefix_cache() = 0;
   /// Swap a sequence's pages out to `target` and back (PagedCache::swap_out / swap_in /
-  /// swapped_out); Errc::unsupported on a pool with an eviction policy.
+  /// swapped_out; EvictingPagedCache's for an eviction policy).
   virtual Result<std::size_t> swap_out(SeqId id, PageSwapTarget& target) = 0;
   virtual Result<std::size_t> swap_in(SeqId id) = 0;
   [[nodiscard]] virtual Result<bool> swapped_out(SeqId id) const = 0;
@@ -136,18 +136,9 @@ class PoolAdapter final : public AnyPool {
   void clear_prefix_cache() override {
     if constexpr (!evicting) pool_.clear_prefix_cache();  // an evicting pool has no prefix cache
   }
-  Result<std::size_t> swap_out(SeqId id, PageSwapTarget& target) override {
-    if constexpr (evicting) return no_eviction("swap_out", id, target);
-    else return pool_.swap_out(id, target);
-  }
-  Result<std::size_t> swap_in(SeqId id) override {
-    if constexpr (evicting) return no_eviction("swap_in", id);
-    else return pool_.swap_in(id);
-  }
-  [[nodiscard]] Result<bool> swapped_out(SeqId id) const override {
-    if constexpr (evicting) return no_eviction("swapped_out", id);
-    else return pool_.swapped_out(id);
-  }
+  Result<std::size_t> swap_out(SeqId id, PageSwapTarget& target) override { return pool_.swap_out(id, target); }
+  Result<std::size_t> swap_in(SeqId id) override { return pool_.swap_in(id); }
+  [[nodiscard]] Result<bool> swapped_out(SeqId id) const override { return pool_.swapped_out(id); }
   [[nodiscard]] Result<std::vector<PageView>> pages(SeqId id, int layer, int kv_head) const override {
     return pool_.pages(id, layer, kv_head);
   }
