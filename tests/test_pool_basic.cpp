@@ -19,12 +19,7 @@ using Kivi4 = std::tuple<Keys<Int4<Group<32>>, PerChannel>, Values<Int4<>>, Resi
 using Sink8 = std::tuple<Keys<Int8<>>, Values<Int8<>>, Sinks<4>>;
 
 template <class T>
-struct Types;
-template <class... P>
-struct Types<std::tuple<P...>> {
-  using pool = PagedCache<P...>;
-  using cache = KVCache<P...>;
-};
+using Types = kvtest::PoolTypes<T>;
 
 template <class T>
 class PoolTwin : public ::testing::Test {};

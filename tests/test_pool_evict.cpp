@@ -27,12 +27,7 @@ using ProtoSK = std::tuple<Keys<Int8<>>, Values<Int4<>>, Blocks<16>, Protocol<Sn
 using ProtoHH = std::tuple<Keys<Int4<>>, Values<Int4<>>, Residual<2>, Blocks<16>, Protocol<H2OBudget<Fraction<1, 2>, 2>, FixedBudget>>;
 
 template <class T>
-struct Types;
-template <class... P>
-struct Types<std::tuple<P...>> {
-  using pool = PagedCache<P...>;
-  using cache = KVCache<P...>;
-};
+using Types = kvtest::PoolTypes<T>;
 
 const ModelShape kShape{.layers = 2, .q_heads = 6, .kv_heads = 2, .head_dim = 64, .max_tokens = 4096};
 constexpr std::size_t kRow = 2 * 64, kQRow = 6 * 64;

@@ -36,12 +36,7 @@ struct Config<std::tuple<P...>, Tag> {
   using KC = typename Hook::key_codec;
   using VC = typename Hook::value_codec;
   /// The integer paths Backend<Tag> runs for these codecs (kernels/dispatch.hpp).
-  static kvtest::IntPaths paths() {
-    kvtest::IntPaths p;
-    p.query_group = kernels::query_int8_group<Tag, KC, Hook::keys_per_channel>;
-    if constexpr (kernels::value_int_accumulate<Tag, VC>) p.value_group = VC::group_size, p.value_asymmetric = VC::asymmetric;
-    return p;
-  }
+  static kvtest::IntPaths paths() { return kvtest::int_paths<Tag, Hook>(); }
 };
 
 const ModelShape kShape{.layers = 2, .q_heads = 4, .kv_heads = 2, .head_dim = 64, .max_tokens = 4096};

@@ -32,13 +32,7 @@ template <class... P, class Tag>
 struct Config<std::tuple<P...>, Tag> {
   using Pool = PagedCache<P..., Backend<Tag>>;
   using Hook = typename Pool::codec_hook;
-  static kvtest::IntPaths paths() {
-    kvtest::IntPaths p;
-    p.query_group = kernels::query_int8_group<Tag, typename Hook::key_codec, Hook::keys_per_channel>;
-    if constexpr (kernels::value_int_accumulate<Tag, typename Hook::value_codec>)
-      p.value_group = Hook::value_codec::group_size, p.value_asymmetric = Hook::value_codec::asymmetric;
-    return p;
-  }
+  static kvtest::IntPaths paths() { return kvtest::int_paths<Tag, Hook>(); }
 };
 
 const ModelShape kShape{.layers = 2, .q_heads = 4, .kv_heads = 2, .head_dim = 64, .max_tokens = 4096};

@@ -24,10 +24,8 @@ using Kivi4 = std::tuple<Keys<Int4<Group<32>>, PerChannel>, Values<Int4<>>, Resi
 using Sink8 = std::tuple<Keys<Int8<>>, Values<Int8<>>, Sinks<4>, Blocks<32>>;
 
 template <class T>
-struct PoolOf;
-template <class... P>
-struct PoolOf<std::tuple<P...>> {
-  using type = PagedCache<P...>;
+struct PoolOf {
+  using type = typename kvtest::PoolTypes<T>::pool;
 };
 
 const ModelShape kShape{.layers = 2, .q_heads = 4, .kv_heads = 2, .head_dim = 64, .max_tokens = 1024};

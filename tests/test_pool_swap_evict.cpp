@@ -23,12 +23,7 @@ using HH = std::tuple<Keys<Int8<>>, Values<Int4<>>, Sinks<2>, Blocks<16>, H2O<16
 using Snap = std::tuple<Keys<Int4<>>, Values<Int4<>>, Blocks<16>, SnapKV<24, 8, 3>>;
 
 template <class T>
-struct Types;
-template <class... P>
-struct Types<std::tuple<P...>> {
-  using pool = PagedCache<P...>;
-  using cache = KVCache<P...>;
-};
+using Types = kvtest::PoolTypes<T>;
 
 const ModelShape kShape{.layers = 2, .q_heads = 6, .kv_heads = 2, .head_dim = 64, .max_tokens = 4096};
 constexpr std::size_t kRow = 2 * 64, kQRow = 6 * 64;

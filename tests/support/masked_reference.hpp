@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kvpack/kernels/dispatch.hpp"
 #include "support/reference.hpp"
 
 namespace kvtest {
@@ -22,6 +23,16 @@ struct IntPaths {
   int value_group = 0;
   bool value_asymmetric = false;
 };
+
+/// The integer paths Backend<Tag> runs for the codecs of codec hook Hook (kernels/dispatch.hpp).
+template <class Tag, class Hook>
+IntPaths int_paths() {
+  IntPaths p;
+  p.query_group = kvpack::kernels::query_int8_group<Tag, typename Hook::key_codec, Hook::keys_per_channel>;
+  if constexpr (kvpack::kernels::value_int_accumulate<Tag, typename Hook::value_codec>)
+    p.value_group = Hook::value_codec::group_size, p.value_asymmetric = Hook::value_codec::asymmetric;
+  return p;
+}
 
 /// Reference output [q_heads][D] of one decode query and, per query head, the output error the
 /// backend's integer paths allow (0 when it has none).

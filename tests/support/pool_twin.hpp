@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "kvpack/pool/paged_cache.hpp"
@@ -14,6 +15,16 @@
 #include "support/reference.hpp"
 
 namespace kvtest {
+
+/// The pool and the single-sequence cache of one policy list given as a std::tuple<P...> (the
+/// typed tests' parameter): PoolTypes<T>::pool = PagedCache<P...>, ::cache = KVCache<P...>.
+template <class T>
+struct PoolTypes;
+template <class... P>
+struct PoolTypes<std::tuple<P...>> {
+  using pool = kvpack::PagedCache<P...>;
+  using cache = kvpack::KVCache<P...>;
+};
 
 /// Position of slot t of page b of (layer) in `id`: from the sequence's runs where pages store
 /// none (PagedCache without eviction), else from the page (EvictingPagedCache: one per slot).

@@ -383,17 +383,12 @@ class BasicPagedCache {
   // A live sequence; a swapped-out one is Errc::not_present unless `swapped_ok`.
   [[nodiscard]] Result<Slot*> find(SeqId id, const char* what, bool swapped_ok = false) const {
     if (!st_) return moved(what);
-    auto seq = [&] { return std::string(what) + ": sequence {" + std::to_string(id.index) + ", " + std::to_string(id.generation) + "}"; };
-    if (!st_->live(id)) return fail(Errc::invalid_argument, seq() + " is not live (freed, stale or never created)");
-    Slot* s = &st_->slots[id.index];
-    if (!swapped_ok && s->swapped_to != nullptr) return fail(Errc::not_present, seq() + " is swapped out (swap_in first)");
-    return s;
+    const bool live = st_->live(id);
+    if (Status c = pool_detail::check_handle(what, id, live, live && !swapped_ok && st_->slots[id.index].swapped_to); !c)
+      return c.error();
+    return &st_->slots[id.index];
   }
-  [[nodiscard]] Status check_layer(const char* what, int layer) const {
-    if (layer >= 0 && layer < shape().layers) return {};
-    return fail(Errc::invalid_argument, std::string(what) + ": layer " + std::to_string(layer) + " out of range [0, " +
-                                            std::to_string(shape().layers) + ")");
-  }
+  [[nodiscard]] Status check_layer(const char* what, int layer) const { return pool_detail::check_layer(shape(), what, layer); }
   // attend_batch, with masks (BatchMask) or without (nullptr).
   Status batch(int layer, std::span<const SeqId> seqs, std::span<const float> q, const BatchMask* masks,
                std::span<float> out, const Executor& exec, std::span<Workspace> workspaces) const {

@@ -425,16 +425,12 @@ class EvictingPagedCache {
   // A live sequence; a swapped-out one is Errc::not_present unless `swapped_ok`.
   [[nodiscard]] Result<Seq*> find(SeqId id, const char* what, bool swapped_ok = false) const {
     if (!st_) return moved(what);
-    auto seq = [&] { return std::string(what) + ": sequence {" + std::to_string(id.index) + ", " + std::to_string(id.generation) + "}"; };
-    if (!st_->live(id)) return fail(Errc::invalid_argument, seq() + " is not live (freed, stale or never created)");
-    if (!swapped_ok && st_->slots[id.index].swapped_to != nullptr) return fail(Errc::not_present, seq() + " is swapped out (swap_in first)");
+    const bool live = st_->live(id);
+    if (Status c = pool_detail::check_handle(what, id, live, live && !swapped_ok && st_->slots[id.index].swapped_to); !c)
+      return c.error();
     return st_->slots[id.index].seq.get();
   }
-  [[nodiscard]] Status check_layer(const char* what, int layer) const {
-    if (layer >= 0 && layer < shape().layers) return {};
-    return fail(Errc::invalid_argument, std::string(what) + ": layer " + std::to_string(layer) + " out of range [0, " +
-                                            std::to_string(shape().layers) + ")");
-  }
+  [[nodiscard]] Status check_layer(const char* what, int layer) const { return pool_detail::check_layer(shape(), what, layer); }
   // A read-only query of (layer, kv_head) of a live sequence: f(seq), its std::bad_alloc an error.
   template <class T, class F>
   [[nodiscard]] Result<T> inspect(SeqId id, int layer, int kv_head, const char* what, F&& f) const {

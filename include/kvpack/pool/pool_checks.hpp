@@ -40,7 +40,24 @@ namespace kvpack::pool_detail {
   return {};
 }
 
-using cache_detail::check_queries;  // attend / attend_batch queries: the same rules as KVCache::attend
+using cache_detail::check_queries;
+
+/// Errc::invalid_argument (naming `what`) unless 0 <= layer < shape.layers.
+[[nodiscard]] inline Status check_layer(const ModelShape& shape, const char* what, int layer) {
+  if (layer >= 0 && layer < shape.layers) return {};
+  return fail(Errc::invalid_argument, std::string(what) + ": layer " + std::to_string(layer) + " out of range [0, " +
+                                          std::to_string(shape.layers) + ")");
+}
+
+/// A sequence handle's check, as both pools' calls make it: Errc::invalid_argument when the
+/// handle is not live (freed, stale or never created), Errc::not_present when the sequence is
+/// swapped out and the call needs its pages; messages name `what` and the handle.
+[[nodiscard]] inline Status check_handle(const char* what, SeqId id, bool live, bool swapped_out) {
+  if (live && !swapped_out) return {};
+  return fail(live ? Errc::not_present : Errc::invalid_argument,
+              std::string(what) + ": sequence {" + std::to_string(id.index) + ", " + std::to_string(id.generation) + "} " +
+                  (live ? "is swapped out (swap_in first)" : "is not live (freed, stale or never created)"));
+}  // attend / attend_batch queries: the same rules as KVCache::attend
 
 /// Errc::invalid_argument unless attend_batch got N >= 1 sequences, q and out of N * qrow floats
 /// (qrow = q_heads * head_dim) and at least one workspace.
