@@ -1,7 +1,7 @@
 // PagedCache with token-level eviction (pool/paged_eviction.hpp): a pool sequence fed the same
 // appends and attends as a KVCache of the same policies holds the same pages (codes, positions,
 // counts), tokens and read_back rows, and attends bit-identically, at prompts of 1, 31, 33, 95 and 200 tokens
-// (beyond every budget), two layers, GQA 6:2, for SinkWindow, H2O, SnapKV, TOVA and two
+// (beyond every budget), two layers, GQA 6:2, for SinkWindow, H2O, SnapKV, TOVA, BlockSparse and three
 // Protocol<P, FixedBudget> forms. Fork then evict on either side: each side equals a solo KVCache
 // of its own history, the other side's pages stay untouched. Exhaustion during a copy-on-write copy, truncate (unsupported), batched decode.
 #include <gtest/gtest.h>
@@ -25,6 +25,10 @@ using Tova = std::tuple<Keys<Int4<>>, Values<Int8<>>, Blocks<32>, TOVA<40, 2>>;
 // Protocol forms: budgets resolved against the prompt; SnapKV then evicts continuously by its mass.
 using ProtoSK = std::tuple<Keys<Int8<>>, Values<Int4<>>, Blocks<16>, Protocol<SnapKVBudget<Fraction<1, 2>, 8, 3>, FixedBudget>>;
 using ProtoHH = std::tuple<Keys<Int4<>>, Values<Int4<>>, Residual<2>, Blocks<16>, Protocol<H2OBudget<Fraction<1, 2>, 2>, FixedBudget>>;
+// BlockSparse: a victim block is a page, dropped from the table at once (KVCache masks it until it
+// compacts); with fp32 sinks, and a Protocol form whose budget is half the prompt.
+using BS = std::tuple<Keys<Int8<>>, Values<Int4<>>, Sinks<2>, Blocks<16>, BlockSparse<Tokens<80>, 16, 1, 1>>;
+using ProtoBS = std::tuple<Keys<Int4<>>, Values<Int4<>>, Blocks<16>, Protocol<BlockSparse<Fraction<1, 2>, 16, 1, 1>, FixedBudget>>;
 
 template <class T>
 using Types = kvtest::PoolTypes<T>;
@@ -113,7 +117,7 @@ std::vector<std::byte> snapshot(const Pool& pool, SeqId id) {
 
 template <class T>
 class PoolEvict : public ::testing::Test {};
-using Configs = ::testing::Types<SW, HH, Snap, Tova, ProtoSK, ProtoHH>;
+using Configs = ::testing::Types<SW, HH, Snap, Tova, ProtoSK, ProtoHH, BS, ProtoBS>;
 TYPED_TEST_SUITE(PoolEvict, Configs);
 
 TYPED_TEST(PoolEvict, EqualsKVCacheBitForBit) {
@@ -196,6 +200,35 @@ TYPED_TEST(PoolEvict, ForkDuringPrefillThenCompressOnEitherSide) {
 TEST(PoolEvictSnapKV, CompactionKeepsPagesSharedWithTheOtherSide) {
   using P = Types<std::tuple<Keys<Int4<>>, Values<Int4<>>, Blocks<16>, SnapKV<80, 8, 1>>>;
   fork_during_prefill<P::pool, P::cache>();
+}
+
+// BlockSparse's victim page goes back to the pool during the append that evicts it: a sequence
+// never holds more than the budget's pages (80 tokens, 2 in fp32 sinks: at most 5 pages of 16 per
+// KV head), every page the pool counts as used is in its table, while the KVCache twin keeps
+// masked-out blocks until it compacts (more blocks than the pool's pages at some step).
+TEST(PoolEvictBlockSparse, AVictimPageReturnsToThePoolAtOnce) {
+  using Pool = Types<BS>::pool;
+  using Cache = Types<BS>::cache;
+  Pool pool = make_pool<Pool>();
+  Cache twin = make_cache<Cache>();
+  const SeqId id = *pool.create_sequence();
+  bool twin_held_more = false;
+  for (const Step& s : steps(95, 60, 77)) {
+    feed(pool, id, twin, s);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    std::size_t in_tables = 0;
+    for (int l = 0; l < kShape.layers; ++l)
+      for (int h = 0; h < kShape.kv_heads; ++h) {
+        const std::size_t pages = pool.pages(id, l, h)->size();
+        EXPECT_LE(pages, 5u) << "layer " << l << " head " << h << " at " << twin.tokens(0) << " tokens";
+        twin_held_more = twin_held_more || twin.blocks(l, h).size() > pages;
+        in_tables += pages;
+      }
+    EXPECT_EQ(pool.stats().pages_used, in_tables);
+  }
+  EXPECT_TRUE(twin_held_more);
+  ASSERT_TRUE(pool.free_sequence(id));
+  EXPECT_EQ(pool.stats().pages_free, pool.stats().pages_total);
 }
 
 TYPED_TEST(PoolEvict, ForkThenAttendOnlyChangesOneSide) {

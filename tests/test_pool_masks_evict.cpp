@@ -1,7 +1,7 @@
 // Masked batched decode on an evicting pool (EvictingPagedCache::attend_batch with a BatchMask):
 // a mask holds one entry per token a sequence has appended (evicted ones included), by cache
 // index, and the kernels add the entry of each held slot through BlockRef::slot_index. Sequences
-// of 1, 31, 33, 95 and 200 prompt tokens decode past their budgets (H2O, SinkWindow), Backend
+// of 1, 31, 33, 95 and 200 prompt tokens decode past their budgets (H2O, SinkWindow, BlockSparse), Backend
 // Scalar and the build's best, one and two workers:
 //  - random masks (a quarter -inf) against the float64 reference over what the sequence holds
 //    (read_back: held rows and their cache indices), tolerance 1e-5 relative beyond the
@@ -25,6 +25,7 @@ using namespace kvpack;  // NOLINT: test file
 
 using HHCfg = std::tuple<Keys<Int8<>>, Values<Int4<>>, Sinks<2>, Blocks<16>, H2O<16, 16, 2>>;
 using SWCfg = std::tuple<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Residual<4>, Blocks<16>, SinkWindow<4, 40>>;
+using BSCfg = std::tuple<Keys<Int8<>>, Values<Int4<>>, Blocks<16>, BlockSparse<Tokens<64>, 16, 1, 1>>;  // whole pages go
 
 template <class Cfg, class Tag>
 struct Config;
@@ -108,7 +109,8 @@ struct Batch {
 
 template <class T>
 class PoolMasksEvict : public ::testing::Test {};
-using Configs = ::testing::Types<Config<HHCfg, Scalar>, Config<HHCfg, Auto>, Config<SWCfg, Scalar>, Config<SWCfg, Auto>>;
+using Configs = ::testing::Types<Config<HHCfg, Scalar>, Config<HHCfg, Auto>, Config<SWCfg, Scalar>, Config<SWCfg, Auto>,
+                                 Config<BSCfg, Scalar>, Config<BSCfg, Auto>>;
 TYPED_TEST_SUITE(PoolMasksEvict, Configs);
 
 TYPED_TEST(PoolMasksEvict, RandomMasksMatchTheReferenceAcrossEviction) {

@@ -2,8 +2,8 @@
 // swapped out between decode steps, its freed pages reused by another sequence meanwhile, then
 // swapped back in, goes on exactly as a KVCache of the same policies fed the same appends and
 // attends (attention bits, pages, held tokens, read_back after every step): its slots, scores and
-// policy state never left memory. SinkWindow, H2O (scores from attention mass) and SnapKV (prompt
-// compression after the swap). Shared pages of a fork stay resident; a swapped sequence refuses
+// policy state never left memory. SinkWindow, H2O (scores from attention mass), SnapKV (prompt
+// compression after the swap) and BlockSparse (whole pages dropped). Shared pages of a fork stay resident; a swapped sequence refuses
 // attends; freeing it erases its copies.
 #include <gtest/gtest.h>
 
@@ -21,6 +21,7 @@ using namespace kvpack;  // NOLINT: test file
 using SW = std::tuple<Keys<Int4<>>, Values<Int4<>>, Residual<4>, Blocks<16>, SinkWindow<4, 40>>;
 using HH = std::tuple<Keys<Int8<>>, Values<Int4<>>, Sinks<2>, Blocks<16>, H2O<16, 16, 2>>;
 using Snap = std::tuple<Keys<Int4<>>, Values<Int4<>>, Blocks<16>, SnapKV<24, 8, 3>>;
+using BS = std::tuple<Keys<Int8<>>, Values<Int4<>>, Sinks<2>, Blocks<16>, BlockSparse<Tokens<80>, 16, 1, 1>>;
 
 template <class T>
 using Types = kvtest::PoolTypes<T>;
@@ -61,7 +62,7 @@ void step(Pool& pool, SeqId id, Cache& cache, int n, std::uint32_t seed) {
 
 template <class T>
 class PoolSwapEvict : public ::testing::Test {};
-using Configs = ::testing::Types<SW, HH, Snap>;
+using Configs = ::testing::Types<SW, HH, Snap, BS>;
 TYPED_TEST_SUITE(PoolSwapEvict, Configs);
 
 TYPED_TEST(PoolSwapEvict, GoesOnAsASequenceNeverSwapped) {

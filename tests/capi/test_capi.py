@@ -386,13 +386,16 @@ def test_swap(lib, rng):
 
 def test_evicting(lib, rng):
     """sink-window-25 / h2o-25 on the pool: past the budget (64 of max_tokens 256), a forked child's
-    appends leave its parent equal to a parent fed alone in another pool; truncate is UNSUPPORTED."""
+    appends leave its parent equal to a parent fed alone in another pool; truncate is UNSUPPORTED.
+    block-sparse-25 the same at max_tokens 1024 (a 256-token budget: its three protected 64-token
+    blocks need 192) with a 300-token prompt: whole pages leave the sequence."""
     L, QH, KH, D, _ = SHAPE
-    for policy in ("sink-window-25", "h2o-25"):
-        pools = [Pool(lib, policy, SHAPE), Pool(lib, policy, SHAPE)]
+    big = SHAPE[:4] + (1024,)
+    for policy, shape, prompt in (("sink-window-25", SHAPE, 150), ("h2o-25", SHAPE, 150), ("block-sparse-25", big, 300)):
+        pools = [Pool(lib, policy, shape), Pool(lib, policy, shape)]
         check(all(p.status == OK for p in pools), f"{policy}: pool_create -> {lib.kvpack_last_error()}")
         seqs = [p.seq()[1] for p in pools]
-        steps = [(rand(rng, 150 if i == 0 else 1, KH, D), rand(rng, 150 if i == 0 else 1, KH, D), rand(rng, 1, QH, D))
+        steps = [(rand(rng, prompt if i == 0 else 1, KH, D), rand(rng, prompt if i == 0 else 1, KH, D), rand(rng, 1, QH, D))
                  for i in range(12)]
         pos0 = 0
         for i, (k, v, q) in enumerate(steps):
@@ -424,8 +427,11 @@ def test_errors(lib, rng):
     msg = lib.kvpack_last_error().decode()
     check(bad.status == INVALID and "int3" in msg and "known:" in msg, f"bad policy name -> {bad.status} '{msg}'")
     check(lib.kvpack_status_name(bad.status) == b"invalid argument", "status name")
-    ev = Pool(lib, "block-sparse-50", SHAPE)  # token-level eviction (sink-window-50, ...) is pool-capable
-    check(ev.status == UNSUPPORTED, f"block-sparse policy on the pool -> {ev.status}")
+    kf = Pool(lib, "kf64-anchor", SHAPE)  # every eviction name is pool-capable, keyframe codecs are not
+    check(kf.status == UNSUPPORTED and "kf64-anchor" in lib.kvpack_last_error().decode(), f"keyframe policy on the pool -> {kf.status}")
+    small = Pool(lib, "block-sparse-50", SHAPE)  # 128 tokens of 256 cannot hold 3 protected 64-token blocks
+    check(small.status == INVALID and "BlockSparse budget" in lib.kvpack_last_error().decode(),
+          f"block-sparse budget below its protected blocks -> {small.status} '{lib.kvpack_last_error()}'")
     bf = Pool(lib, "bf16", SHAPE)
     check(bf.status == UNSUPPORTED and "bf16" in lib.kvpack_last_error().decode(), "bf16 has no kvpack codec")
     check(lib.kvpack_pool_create(None, None, None) == INVALID, "NULL arguments")

@@ -41,25 +41,37 @@ std::int32_t page_position(const Pool& pool, kvpack::SeqId id, int layer, const 
 
 /// Expects the pages of (layer, kv_head) of `id` to hold exactly the twin's blocks: same count,
 /// same codes and metadata bytes, same positions (page_position; a twin keeps one per slot or
-/// runs, KVCache::slot_positions).
+/// runs, KVCache::slot_positions). With BlockSparse, the twin's live blocks: the twin masks a
+/// victim out until it compacts, the pool drops its page at once.
 template <class Pool, class Cache>
 void expect_same_pages(const Pool& pool, kvpack::SeqId id, const Cache& twin, int layer, int kv_head) {
   auto pages = pool.pages(id, layer, kv_head);
   ASSERT_TRUE(pages) << pages.error().message;
-  const auto blocks = twin.blocks(layer, kv_head);
-  ASSERT_EQ(pages->size(), blocks.size()) << "layer " << layer << " head " << kv_head;
+  const auto all = twin.blocks(layer, kv_head);
+  std::vector<const kvpack::Block*> live;
+  std::vector<std::size_t> twin_index;  // of each live block among the twin's blocks
+  for (std::size_t b = 0; b < all.size(); ++b) {
+    if constexpr (requires { twin.block_mask(layer, kv_head); }) {
+      const auto m = twin.block_mask(layer, kv_head);
+      if (((m[b / 64] >> (b % 64)) & 1u) == 0) continue;
+    }
+    live.push_back(&all[b]);
+    twin_index.push_back(b);
+  }
+  ASSERT_EQ(pages->size(), live.size()) << "layer " << layer << " head " << kv_head;
   const kvpack::BlockLayout& PL = pool.block_layout();
   ASSERT_EQ(PL.positions, twin.block_layout().positions);  // the same codes and metadata before any positions
   ASSERT_EQ(PL.pos_bytes, twin.block_layout().pos_bytes);
-  for (std::size_t b = 0; b < blocks.size(); ++b) {
-    EXPECT_EQ((*pages)[b].header.count, blocks[b].header.count) << "block " << b;
-    EXPECT_EQ(std::memcmp((*pages)[b].data, blocks[b].data.get(), PL.positions), 0) << "block " << b << " bytes differ";
-    for (int t = 0; t < blocks[b].header.count; ++t) {
+  for (std::size_t b = 0; b < live.size(); ++b) {
+    const kvpack::Block& twin_block = *live[b];
+    EXPECT_EQ((*pages)[b].header.count, twin_block.header.count) << "block " << b;
+    EXPECT_EQ(std::memcmp((*pages)[b].data, twin_block.data.get(), PL.positions), 0) << "block " << b << " bytes differ";
+    for (int t = 0; t < twin_block.header.count; ++t) {
       std::int32_t twin_pos = 0;
       if constexpr (Cache::slot_positions) {
-        std::memcpy(&twin_pos, blocks[b].data.get() + PL.positions + static_cast<std::size_t>(t) * 4, 4);
+        std::memcpy(&twin_pos, twin_block.data.get() + PL.positions + static_cast<std::size_t>(t) * 4, 4);
       } else {
-        twin_pos = twin.block_positions(layer).at(static_cast<std::int64_t>(b) * PL.tokens + t);
+        twin_pos = twin.block_positions(layer).at(static_cast<std::int64_t>(twin_index[b]) * PL.tokens + t);
       }
       EXPECT_EQ(page_position(pool, id, layer, (*pages)[b], b, t), twin_pos) << "block " << b << " slot " << t;
     }

@@ -59,7 +59,7 @@ typedef enum kvpack_status {
   KVPACK_ERR_CORRUPT_DATA = 5,      /**< a header or layout does not match */
   KVPACK_ERR_AUTH_FAILED = 6,       /**< an authentication tag did not verify */
   KVPACK_ERR_NOT_PRESENT = 7,       /**< data not resident */
-  KVPACK_ERR_UNSUPPORTED = 8,       /**< operation or policy not supported (e.g. a block-sparse policy on the pool) */
+  KVPACK_ERR_UNSUPPORTED = 8,       /**< operation or policy not supported (e.g. a keyframe policy on the pool) */
   KVPACK_ERR_OUT_OF_MEMORY = 9,     /**< a host allocation failed */
   KVPACK_ERR_INTERNAL = 10          /**< an unexpected failure inside the library (a bug: please report) */
 } kvpack_status;
@@ -144,9 +144,8 @@ KVPACK_C_API const char* kvpack_status_name(kvpack_status status);
 KVPACK_C_API int32_t kvpack_policy_count(void);
 
 /** The i-th policy name (0 <= i < kvpack_policy_count()), NULL when out of range. *pool_capable
- *  (when not NULL) is set to 1 if kvpack_pool_create accepts it (token-level eviction included:
- *  sink-window, h2o, snapkv names), 0 for block-sparse or keyframe policies (single-sequence only
- *  for now). The string lives as long as the library is loaded. */
+ *  (when not NULL) is set to 1 if kvpack_pool_create accepts it (eviction included: sink-window,
+ *  h2o, snapkv and block-sparse names), 0 for keyframe policies (single-sequence only for now). The string lives as long as the library is loaded. */
 KVPACK_C_API const char* kvpack_policy_name(int32_t i, int32_t* pool_capable);
 
 /** 1 if the i-th policy (0 <= i < kvpack_policy_count()) evicts tokens (the sink-window, h2o,
@@ -165,7 +164,8 @@ KVPACK_C_API int32_t kvpack_policy_evicts(int32_t i);
  *  minimum); see include/kvpack/registry/llama_cpp_types.hpp for the exact differences.
  *  On success *out is a new pool (free it with kvpack_pool_destroy).
  *  Errors: NULL argument, unknown name, bad shape, byte_budget below one page, max_sequences < 1,
- *  max_rollback_tokens < 0 (INVALID_ARGUMENT); a block-sparse/keyframe policy or a llama.cpp type
+ *  max_rollback_tokens < 0, an eviction budget below what the policy protects (INVALID_ARGUMENT);
+ *  a keyframe policy or a llama.cpp type
  *  without a kvpack codec (bf16, q5_0, q5_1, iq4_nl: UNSUPPORTED); the arena cannot be
  *  allocated (CAPACITY_EXCEEDED or OUT_OF_MEMORY). */
 KVPACK_C_API kvpack_status kvpack_pool_create(const char* policy, const kvpack_pool_config* config, kvpack_pool** out);

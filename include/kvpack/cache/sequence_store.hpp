@@ -124,6 +124,8 @@ class SequenceStore {
     else (void)li, (void)h, (void)slot, (void)high_budget;
   }
 
+  /// Blocks KV head h of layer li has allocated (BlockSparse's block count; masked-out ones included).
+  [[nodiscard]] std::size_t block_count(int li, int h) const noexcept { return layer(li).heads[static_cast<std::size_t>(h)].blocks.size(); }
   /// Rewrites KV head h of layer li densely (HeadStore::compact): SnapKV's compaction, through the
   /// store so that a paged store (pool/evicting_store.hpp) can compact into pool pages instead.
   void compact_head(int li, int h) { layer(li).heads[static_cast<std::size_t>(h)].compact(layout_, proto_); }

@@ -1,6 +1,7 @@
 // BlockSparse: eviction at storage-block granularity with a per-(layer, KV head) block bitmask.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kvpack/cache/alloc_guard.hpp"
 #include "kvpack/eviction/budget.hpp"
 #include "kvpack/eviction/hook.hpp"
 #include "kvpack/policy.hpp"
@@ -49,7 +51,7 @@ class BlockSparseHook : public HookDefaults {
   /// A new block is live.
   template <class St>
   void on_commit(St& st, int li, int h, std::int64_t, std::int64_t) {
-    mark_live(mask(li, h), st.layer(li).heads[static_cast<std::size_t>(h)].blocks.size());
+    mark_live(mask(li, h), st.block_count(li, h));
   }
   /// Evicts whole blocks (lowest summed mass first, oldest on ties; never the first SinkBlocks,
   /// the open block or the RecentBlocks before it) until the head fits the budget, then compacts
@@ -61,7 +63,7 @@ class BlockSparseHook : public HookDefaults {
     Mask& m = mask(li, h);
     constexpr auto B = static_cast<std::size_t>(P::block_tokens);
     while (L.sinks_held + H.live + pend > budget_) {
-      const std::size_t nb = H.blocks.size();
+      const std::size_t nb = st.block_count(li, h);
       const std::size_t protected_tail = static_cast<std::size_t>(P::recent_blocks) + 1;
       if (nb <= protected_tail) break;
       std::int64_t victim = -1;
@@ -73,12 +75,21 @@ class BlockSparseHook : public HookDefaults {
         if (victim < 0 || score < best) victim = static_cast<std::int64_t>(b), best = score;
       }
       if (victim < 0) break;
-      evict_block(st, li, h, m, static_cast<std::size_t>(victim), budget_);
+      if constexpr (requires { st.drop_block(li, h, std::size_t{}); }) {
+        st.drop_block(li, h, static_cast<std::size_t>(victim));  // a page pool frees the page at once
+        relabel_live(m, st.block_count(li, h));
+      } else {
+        evict_block(st, li, h, m, static_cast<std::size_t>(victim), budget_);
+      }
     }
     std::size_t live_blocks = 0;
     for (std::uint64_t w : m.words) live_blocks += static_cast<std::size_t>(std::popcount(w));
-    if (live_blocks < H.blocks.size() && H.blocks.size() - live_blocks >= live_blocks) compact(st, li, h);
+    const std::size_t nb = st.block_count(li, h);
+    if (live_blocks < nb && nb - live_blocks >= live_blocks) compact(st, li, h);
   }
+  /// Room for the bits of `blocks` blocks of KV head h of layer li, so that on_commit allocates
+  /// nothing (a paged store's reserve_append calls it). May throw std::bad_alloc (no change).
+  void reserve_blocks(int li, int h, std::size_t blocks) { reserve_geometric(mask(li, h).words, (blocks + 63) / 64); }
   /// A masked-out block is never read.
   template <class St>
   [[nodiscard]] bool block_visible(const St&, int li, int h, std::size_t b) const noexcept {
@@ -112,6 +123,13 @@ class BlockSparseHook : public HookDefaults {
   }
   [[nodiscard]] Mask& mask(int li, int h) noexcept { return masks_[index(li, h)]; }
   [[nodiscard]] static bool live(const Mask& m, std::size_t b) noexcept { return ((m.words[b / 64] >> (b % 64)) & 1u) != 0; }
+  // Every one of `blocks` blocks live, in the words m has (a paged store's blocks after a drop:
+  // fewer than before, so nothing is allocated).
+  static void relabel_live(Mask& m, std::size_t blocks) noexcept {
+    std::fill(m.words.begin(), m.words.end(), std::uint64_t{0});
+    for (std::size_t b = 0; b < blocks; ++b) m.words[b / 64] |= std::uint64_t{1} << (b % 64);
+    m.blocks = blocks;
+  }
   static void mark_live(Mask& m, std::size_t blocks) {
     for (; m.blocks < blocks; ++m.blocks) {
       if (m.blocks / 64 >= m.words.size()) m.words.push_back(0);
@@ -134,11 +152,10 @@ class BlockSparseHook : public HookDefaults {
   }
   template <class St>
   void compact(St& st, int li, int h) {
-    HeadStore& H = st.layer(li).heads[static_cast<std::size_t>(h)];
-    H.compact(st.layout(), st.proto());
+    st.compact_head(li, h);
     Mask& m = mask(li, h);
     m = {};
-    mark_live(m, H.blocks.size());
+    mark_live(m, st.block_count(li, h));
   }
 
   std::int64_t budget_ = 0;

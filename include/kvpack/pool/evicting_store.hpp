@@ -169,12 +169,13 @@ class PagedEvictStore {
   }
   /// Allocates ahead everything push() and the lazy commit plus enforce of an append of n tokens
   /// to layer li need (the chunk copy, sink and pending rows, page tables and slot bookkeeping of
-  /// every KV head with room for every slot to be freed, the codec's encode buffers), by the rule
-  /// of SequenceStore::reserve_append (evicting branch), so that they allocate nothing after it.
+  /// every KV head with room for every slot to be freed, the codec's encode buffers, BlockSparse's
+  /// block bits), by the rule of SequenceStore::reserve_append (evicting branch), so that they
+  /// allocate nothing after it.
   /// May throw std::bad_alloc, leaving the contents unchanged (only capacities grow). SnapKV's
   /// prompt compression (before_append) is not covered: it allocates as it compacts.
   template <class Hook>
-  void reserve_append(int li, std::int64_t n, const Hook& hook) {
+  void reserve_append(int li, std::int64_t n, Hook& hook) {
     Layer& L = layer(li);
     (void)reserve_append_rows(L, n, row_floats(), SinkTokens);
     Codec::reserve_encode(shape_.head_dim);
@@ -184,9 +185,10 @@ class PagedEvictStore {
     for (std::size_t h = 0; h < L.heads.size(); ++h) {
       HeadStore& H = L.heads[h];
       std::int64_t after = H.slots() + std::max<std::int64_t>(0, n_commit - static_cast<std::int64_t>(H.free_slots.size()));
-      if constexpr (Hook::evicts_continuously)
+      if constexpr (Hook::evicts_continuously && Hook::required_block_tokens == 0)  // BlockSparse: no slot reuse
         if (hook.budget() > 0) after = std::min(after, std::max(H.slots(), hook.budget() + 1));
       const std::size_t blocks = (static_cast<std::size_t>(after) + B - 1) / B;
+      if constexpr (requires { hook.reserve_blocks(li, 0, blocks); }) hook.reserve_blocks(li, static_cast<int>(h), blocks);
       reserve_geometric(L.pages[h], blocks);
       reserve_geometric(H.valid, blocks * HeadStore::words_per_block(layout_.tokens));
       reserve_geometric(H.slot_token, blocks * B), reserve_geometric(H.slot_score, blocks * B);
@@ -212,6 +214,27 @@ class PagedEvictStore {
     H.slot_score[su] = 0.f;
     H.free_slots.push_back(static_cast<std::int32_t>(slot));
     --H.live;
+  }
+
+  /// Pages in KV head h's table of layer li (BlockSparse's block count).
+  [[nodiscard]] std::size_t block_count(int li, int h) const noexcept { return layer(li).pages[static_cast<std::size_t>(h)].size(); }
+  /// BlockSparse's victim: full page `b` of KV head h of layer li leaves the table at once (its
+  /// slots forgotten, this sequence's reference dropped: the page is zeroed and freed when that was
+  /// the last, a page shared with a fork stays intact), the slots after it move down one page.
+  /// What KVCache masks out and compacts later, so both then hold the same live blocks in order.
+  void drop_block(int li, int h, std::size_t b) noexcept {
+    Layer& L = layer(li);
+    HeadStore& H = L.heads[static_cast<std::size_t>(h)];
+    auto& table = L.pages[static_cast<std::size_t>(h)];
+    const auto B = static_cast<std::ptrdiff_t>(layout_.tokens);
+    const auto w = static_cast<std::ptrdiff_t>(HeadStore::words_per_block(layout_.tokens));
+    const auto at = static_cast<std::ptrdiff_t>(b);
+    for (std::ptrdiff_t t = 0; t < B; ++t) H.forget_slot(at * B + t);
+    pool_->release(table[b]);
+    table.erase(table.begin() + at);
+    H.valid.erase(H.valid.begin() + at * w, H.valid.begin() + (at + 1) * w);
+    H.slot_token.erase(H.slot_token.begin() + at * B, H.slot_token.begin() + (at + 1) * B);
+    H.slot_score.erase(H.slot_score.begin() + at * B, H.slot_score.begin() + (at + 1) * B);
   }
 
   /// Rewrites KV head h's live slots densely, in cache-index order, into fresh pages, as
@@ -336,50 +359,6 @@ class PagedEvictStore {
     return seg;
   }
 
-  /// Decodes what KV head h of layer li holds as attention reads it (the latest chunk aside), as
-  /// KVCache::read_back of an evicting cache: fp32 sinks, then every held slot of the pages
-  /// (decoded, free slots skipped) and the pending rows, sorted by cache index, with the positions
-  /// the pages store per slot. May throw std::bad_alloc (nothing changes: read-only).
-  [[nodiscard]] HeadContents read_back(int li, int h) const {
-    const Layer& L = layer(li);
-    const HeadStore& H = L.heads[static_cast<std::size_t>(h)];
-    const auto D = static_cast<std::size_t>(shape_.head_dim);
-    const std::size_t stride = row_floats(), hoff = static_cast<std::size_t>(h) * D;
-    const int B = layout_.tokens;
-    struct Row { std::int64_t index; const float* k; const float* v; std::int32_t pos; };
-    std::vector<Row> rows;
-    for (std::int64_t t = 0; t < L.sinks_held; ++t)
-      rows.push_back({t, L.sink_k.data() + t * stride + hoff, L.sink_v.data() + t * stride + hoff, L.sink_pos[static_cast<std::size_t>(t)]});
-    const auto& table = L.pages[static_cast<std::size_t>(h)];
-    std::vector<float> dk(table.size() * static_cast<std::size_t>(B) * D), dv(dk.size());  // decoded pages
-    kernels::Scratch s;
-    s.ensure(1, shape_.head_dim, B);
-    for (std::size_t b = 0; b < table.size(); ++b) {
-      const std::byte* data = pool_->data(table[b]);
-      const std::int64_t count = std::min<std::int64_t>(B, H.slots() - static_cast<std::int64_t>(b) * B);
-      Codec::decode(layout_, data, pool_->header(table[b]).flags, static_cast<std::size_t>(count), s);
-      std::copy_n(s.k_tile.begin(), count * static_cast<std::int64_t>(D), dk.begin() + static_cast<std::ptrdiff_t>(b * B * D));
-      std::copy_n(s.v_tile.begin(), count * static_cast<std::int64_t>(D), dv.begin() + static_cast<std::ptrdiff_t>(b * B * D));
-      for (std::int64_t t = 0; t < count; ++t) {
-        const std::size_t slot = b * static_cast<std::size_t>(B) + static_cast<std::size_t>(t);
-        if (H.slot_token[slot] < 0) continue;  // free
-        std::int32_t pos;
-        std::memcpy(&pos, data + layout_.positions + static_cast<std::size_t>(t) * sizeof pos, sizeof pos);
-        rows.push_back({H.slot_token[slot], dk.data() + slot * D, dv.data() + slot * D, pos});
-      }
-    }
-    for (std::int64_t t = 0; t < L.pend.size(); ++t)
-      rows.push_back({L.total - L.pend.size() + t, L.pend.k() + t * stride + hoff, L.pend.v() + t * stride + hoff, L.pend.position(t)});
-    std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.index < b.index; });
-    HeadContents c;
-    for (const Row& r : rows) {
-      c.k.insert(c.k.end(), r.k, r.k + D);
-      c.v.insert(c.v.end(), r.v, r.v + D);
-      c.positions.push_back(r.pos);
-      c.indices.push_back(r.index);
-    }
-    return c;
-  }
 
   /// Key ordinals of `seg` (the length of an AttendArgs::key_mass array for it).
   [[nodiscard]] std::int64_t ordinals(const kernels::HeadSegments& seg) const noexcept {

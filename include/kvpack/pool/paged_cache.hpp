@@ -4,7 +4,7 @@
 // on the same backend (tests/test_pool_basic.cpp). Adds what a serving engine needs: fork (pages
 // shared copy-on-write), truncate (exact rollback of rejected speculative tokens), batched decode
 // over the caller's executor, a prefix cache of published full pages, and swapping a sequence's
-// pages out of the arena and back (pool/pool_swap.hpp). With a token-level
+// pages out of the arena and back (pool/pool_swap.hpp). With an
 // eviction policy, PagedCache<...> names EvictingPagedCache (pool/paged_eviction.hpp) instead.
 // A failed allocation is Errc::out_of_memory with nothing changed (each call reserves, then
 // mutates; tests/test_alloc_fault_pool.cpp); publish_prefix alone may stop part way.

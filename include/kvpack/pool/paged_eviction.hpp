@@ -1,4 +1,4 @@
-// EvictingPagedCache<Policy...>: the PagedCache of an evicting policy set (SinkWindow, H2O, SnapKV,
+// EvictingPagedCache<Policy...>: the PagedCache of an evicting policy set (SinkWindow, H2O, SnapKV, BlockSparse,
 // TOVA and their Budget forms; PagedCache<...> names it, pool/paged_cache.hpp). Each sequence slot
 // holds its store (pool/evicting_store.hpp: slots over pool pages), its own eviction hook (scores
 // live in the store's slots and pending rows; H2O's mass, SnapKV's observation window, SinkWindow's
@@ -29,6 +29,7 @@
 #include "kvpack/kv_cache.hpp"
 #include "kvpack/pool/evicting_attend.hpp"
 #include "kvpack/pool/evicting_pool_state.hpp"
+#include "kvpack/pool/evicting_read_back.hpp"
 #include "kvpack/pool/evicting_store.hpp"
 #include "kvpack/pool/page_pool.hpp"
 #include "kvpack/pool/pool_checks.hpp"
@@ -36,10 +37,10 @@
 
 namespace kvpack {
 
-/// Many evicting sequences in one page pool (PagedCache<...> with a token-level eviction policy:
-/// SinkWindow, H2O, SnapKV, TOVA and their Budget / Protocol forms). Compile errors, each a
-/// readable static_assert: BlockSparse (block masks over shared pages), Demote<> (a per-sequence
-/// low tier outside the arena), Offload<>, Keyframe<> codecs, per-channel keys.
+/// Many evicting sequences in one page pool (PagedCache<...> with an eviction policy: SinkWindow,
+/// H2O, SnapKV, TOVA, their Budget / Protocol forms, BlockSparse, whose victim block is a page
+/// that leaves the table at once, back to the pool unless a fork shares it). Compile errors, each
+/// a readable static_assert: Demote<> (a low tier outside the arena), Offload<>, Keyframe<> codecs.
 ///
 /// Differences from the non-evicting pool: attend and attend_batch update the sequence's scores
 /// (non-const, as KVCache::attend); truncate is Errc::unsupported (eviction already dropped
@@ -62,9 +63,6 @@ class EvictingPagedCache {
   static constexpr double key_bits_per_value = single::key_bits_per_value;
   static constexpr double value_bits_per_value = single::value_bits_per_value;
   static_assert(single::evicts, "kvpack::EvictingPagedCache<...>: needs an eviction policy (use PagedCache<...>)");
-  static_assert(eviction_hook::required_block_tokens == 0,
-                "kvpack::PagedCache<...>: BlockSparse is not supported on the page pool (its block masks and "
-                "compaction assume private blocks); use SinkWindow, H2O, SnapKV or TOVA, or KVCache<...>");
   static_assert(!single::demotes, "kvpack::PagedCache<...>: Demote<> is not supported on the page pool yet");
   static_assert(!single::offloads && !single::pre_rope, "kvpack::PagedCache<...>: Offload<> and PreRope<> are not supported on the page pool yet");
   static_assert(!codec_hook::interval_blocks && commit_unit == 1,
@@ -360,7 +358,8 @@ class EvictingPagedCache {
   /// aside), sorted by cache index: as KVCache::read_back of the same policies (bit-identical).
   /// Errc::invalid_argument: stale handle or indices out of range; Errc::out_of_memory.
   [[nodiscard]] Result<HeadContents> read_back(SeqId id, int layer, int kv_head) const {
-    return inspect<HeadContents>(id, layer, kv_head, "read_back", [&](const Seq& q) { return q.store.read_back(layer, kv_head); });
+    return inspect<HeadContents>(id, layer, kv_head, "read_back",
+                                 [&](const Seq& q) { return pool_detail::evicting_read_back(q.store, layer, kv_head); });
   }
   /// The cache index each slot of (layer, kv_head) holds (-1: free), slot order (HeadStore::slot_token).
   /// Errc::invalid_argument: stale handle or indices out of range; Errc::out_of_memory.
