@@ -22,6 +22,7 @@
 // publish_prefix of several blocks (entries before a failed one stay published).
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cstdio>
 #include <new>
 #include <string>
@@ -268,3 +269,88 @@ TEST(PoolAllocFaultSwap, EncryptedFileTierSwapsAllOrNothing) {
   EXPECT_GT(failed, 4);
 }
 #endif
+
+namespace {
+// Protocol<P, FixedBudget>: the end of a prompt (compress_prompt, or the first single-token
+// append) commits every pending prompt token, then evicts to the budget resolved from the prompt.
+// Layer 0 ends first (so the budget is known when layer 1 ends: its commit must not be reserved
+// as if slots were already reused), then every allocation of layer 1's end fails in turn: each
+// fault is Errc::out_of_memory with the held rows, held tokens and free pages unchanged, and the
+// call repeated gives the fault-free result. H2O frees slots, BlockSparse drops pages.
+template <class Pool>
+class PromptEndFault : public ::testing::Test {};
+using ProtocolPools =
+    ::testing::Types<PagedCache<Keys<Int8<>>, Values<Int4<>>, Blocks<8>, Protocol<H2OBudget<Fraction<1, 2>, 2>, FixedBudget>>,
+                     PagedCache<Keys<Int8<>>, Values<Int4<>>, Blocks<8>, Protocol<BlockSparse<Fraction<1, 2>, 8, 1, 1>, FixedBudget>>>;
+TYPED_TEST_SUITE(PromptEndFault, ProtocolPools);
+
+// A pool with one sequence holding a 40-token chunk and a 100-token chunk in every layer (the
+// second pending), both attended; layer 0's prompt ended.
+template <class Pool>
+Pool prompt_pool(SeqId& id) {
+  auto pool = Pool::create({.shape = kShape, .byte_budget = 1 << 20, .max_sequences = 1}).value();
+  id = pool.create_sequence().value();
+  Workspace ws;
+  std::int64_t first = 0;
+  for (const int n : {40, 100}) {
+    for (int l = 0; l < kShape.layers; ++l) {
+      EXPECT_TRUE(pool.append(id, l, rows(7, first, n, 0), rows(7, first, n, 1), kvtest::iota_positions(first, n)));
+      std::vector<float> q = query(8 * kQRow, static_cast<std::uint32_t>(first + l)), out(q.size());
+      EXPECT_TRUE(pool.attend(id, l, q, out, ws));
+    }
+    first += n;
+  }
+  EXPECT_TRUE(pool.compress_prompt(id, 0));
+  return pool;
+}
+template <class Pool>
+std::vector<std::int64_t> layer1_state(const Pool& pool, SeqId id) {
+  std::vector<std::int64_t> s{static_cast<std::int64_t>(pool.stats().pages_free)};
+  for (int h = 0; h < kShape.kv_heads; ++h) {
+    const auto c = pool.read_back(id, 1, h).value();
+    s.push_back(*pool.held_tokens(id, 1, h));
+    s.insert(s.end(), c.indices.begin(), c.indices.end());
+    for (const float x : c.k) s.push_back(static_cast<std::int64_t>(std::bit_cast<std::uint32_t>(x)));
+  }
+  return s;
+}
+
+TYPED_TEST(PromptEndFault, EveryFailedAllocationChangesNothing) {
+  for (const bool by_append : {false, true}) {
+    SCOPED_TRACE(by_append ? "first decode append" : "compress_prompt");
+    const auto k = rows(7, 140, 1, 0), v = rows(7, 140, 1, 1);
+    const auto pos = kvtest::iota_positions(140, 1);
+    auto end_prompt = [&](TypeParam& pool, SeqId id) { return by_append ? pool.append(id, 1, k, v, pos) : pool.compress_prompt(id, 1); };
+    SeqId id{};
+    TypeParam clean = prompt_pool<TypeParam>(id);
+    ASSERT_TRUE(end_prompt(clean, id));
+    const auto want = layer1_state(clean, id);
+    int faults = 0;
+    for (long n = 1;; ++n) {
+      ASSERT_LT(n, 2000);
+      TypeParam pool = prompt_pool<TypeParam>(id);
+      const auto before = layer1_state(pool, id);
+      g_countdown = n, g_fired = false;
+      Status st;
+      try {
+        Arm armed(true);
+        st = end_prompt(pool, id);
+      } catch (const std::bad_alloc&) {
+        FAIL() << "allocation " << n << " escaped as std::bad_alloc";
+      }
+      g_countdown = 0;
+      if (!g_fired) {
+        ASSERT_TRUE(st) << st.error().message;
+        break;
+      }
+      ++faults;
+      ASSERT_FALSE(st) << "allocation " << n << " failed but the call succeeded";
+      EXPECT_EQ(st.error().code, Errc::out_of_memory) << st.error().message;
+      EXPECT_EQ(layer1_state(pool, id), before) << "allocation " << n << " changed layer 1";
+      ASSERT_TRUE(end_prompt(pool, id)) << "repeated after allocation " << n;
+      EXPECT_EQ(layer1_state(pool, id), want) << "repeated after allocation " << n;
+    }
+    EXPECT_GT(faults, 0);
+  }
+}
+}  // namespace

@@ -231,6 +231,49 @@ TEST(PoolEvictBlockSparse, AVictimPageReturnsToThePoolAtOnce) {
   EXPECT_EQ(pool.stats().pages_free, pool.stats().pages_total);
 }
 
+// An append asks for the pages of a compaction only while one can follow: SnapKV before its
+// prompt is compressed. A Protocol<BlockSparse> prompt's end (400 tokens of 8-token pages: 50
+// pages, halved) runs in a 64-page pool, and SnapKV decodes after its compression with 4 pages
+// free (before, every single-token append asked for a fresh copy of all the layer's pages).
+template <class Pool>
+Pool small_pool(std::size_t pages, const ModelShape& shape) {
+  const std::size_t page = Pool::create({.shape = shape, .byte_budget = 1 << 20}).value().stats().page_bytes;
+  return Pool::create({.shape = shape, .byte_budget = pages * page, .max_sequences = 2}).value();
+}
+TEST(PoolEvictPages, NoCompactionPagesAfterThePrompt) {
+  const ModelShape shape{.layers = 1, .q_heads = 2, .kv_heads = 1, .head_dim = 32, .max_tokens = 4096};
+  const std::size_t row = 32, qrow = 64;
+  auto prompt = [&](auto& pool, SeqId id) {
+    ASSERT_TRUE(pool.append(id, 0, kvtest::normal(400 * row, 1), kvtest::normal(400 * row, 2), kvtest::iota_positions(0, 400)));
+    std::vector<float> q(8 * qrow, 0.1f), out(q.size());
+    Workspace ws;
+    ASSERT_TRUE(pool.attend(id, 0, q, out, ws));
+  };
+  auto decode = [&](auto& pool, SeqId id) {
+    const std::int64_t at = *pool.length(id);
+    return pool.append(id, 0, kvtest::normal(row, 3 + static_cast<std::uint32_t>(at)), kvtest::normal(row, 4), kvtest::iota_positions(at, 1));
+  };
+  {
+    auto pool = small_pool<PagedCache<Keys<Int8<>>, Values<Int4<>>, Blocks<8>, Protocol<BlockSparse<Fraction<1, 2>, 8, 1, 1>, FixedBudget>>>(64, shape);
+    const SeqId id = *pool.create_sequence();
+    prompt(pool, id);
+    const Status st = decode(pool, id);
+    ASSERT_TRUE(st) << st.error().message;
+    EXPECT_LE(pool.stats().pages_used, 26u);  // 200 tokens: 25 pages and the open one
+  }
+  auto pool = small_pool<PagedCache<Keys<Int8<>>, Values<Int4<>>, Blocks<8>, SnapKV<96, 8, 3>>>(110, shape);
+  const SeqId id = *pool.create_sequence();
+  prompt(pool, id);
+  ASSERT_TRUE(decode(pool, id));  // compresses: 50 pages, then 13 fresh ones
+  const SeqId hog = *pool.create_sequence();
+  for (std::int64_t t = 0; pool.stats().pages_free > 4; ++t)
+    ASSERT_TRUE(pool.append(hog, 0, kvtest::normal(8 * row, 9), kvtest::normal(8 * row, 10), kvtest::iota_positions(8 * t, 8)));
+  for (int i = 0; i < 20; ++i) {
+    const Status st = decode(pool, id);
+    ASSERT_TRUE(st) << "decode " << i << ": " << st.error().message;
+  }
+}
+
 TYPED_TEST(PoolEvict, ForkThenAttendOnlyChangesOneSide) {
   using Pool = typename Types<TypeParam>::pool;
   using Cache = typename Types<TypeParam>::cache;

@@ -395,6 +395,23 @@ kvpack_status kvpack_pool_stats_get(const kvpack_pool* pool, kvpack_pool_stats* 
   });
 }
 
+kvpack_status kvpack_swap_stats_get(const kvpack_pool* pool, kvpack_swap_stats* out) {
+  return guard("kvpack_swap_stats_get", [&] {
+    if (kvpack_status s = check_pool(pool, "kvpack_swap_stats_get"); s != KVPACK_OK) return s;
+    if (out == nullptr) return invalid("kvpack_swap_stats_get: out is NULL");
+    const kvpack::PoolStats s = pool->pool->stats();
+    kvpack_swap_stats r{};
+    for (const kvpack::SequenceStats& q : s.sequences) {  // (one whose pages are all shared holds none in the swap space)
+      auto out_now = pool->pool->swapped_out(q.id);
+      r.sequences_swapped += out_now && *out_now ? 1 : 0;
+    }
+    r.pages_swapped = s.pages_swapped;
+    r.swap_bytes = pool->swap->bytes();
+    *out = r;
+    return KVPACK_OK;
+  });
+}
+
 kvpack_status kvpack_pool_kernel(const kvpack_pool* pool, kvpack_kernel_info* out) {
   return guard("kvpack_pool_kernel", [&] {
     if (kvpack_status s = check_pool(pool, "kvpack_pool_kernel"); s != KVPACK_OK) return s;

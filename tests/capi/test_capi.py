@@ -56,6 +56,10 @@ class Stats(C.Structure):
                 ("value_bits_per_value", C.c_double)]
 
 
+class SwapStats(C.Structure):
+    _fields_ = [("sequences_swapped", C.c_int64), ("pages_swapped", C.c_uint64), ("swap_bytes", C.c_uint64)]
+
+
 class KernelInfo(C.Structure):
     _fields_ = [("backend", C.c_char_p), ("query_group", C.c_int32), ("query_error", C.c_double),
                 ("value_group", C.c_int32), ("value_error", C.c_double)]
@@ -92,6 +96,7 @@ def load(path):
         "kvpack_attend_batch_masked": (C.c_int, [C.c_void_p, C.c_int32, C.POINTER(Seq), C.c_int64, FP, FP,
                                                  C.POINTER(C.c_int64), FP, C.POINTER(C.c_void_p), C.c_int32]),
         "kvpack_pool_stats_get": (C.c_int, [C.c_void_p, C.POINTER(Stats)]),
+        "kvpack_swap_stats_get": (C.c_int, [C.c_void_p, C.POINTER(SwapStats)]),
         "kvpack_pool_kernel": (C.c_int, [C.c_void_p, C.POINTER(KernelInfo)]),
     }
     for name, (res, args) in sig.items():
@@ -147,6 +152,10 @@ class Pool:
     def stats(self):
         r = Stats()
         return self.lib.kvpack_pool_stats_get(self.h, C.byref(r)), r
+
+    def swap_stats(self):
+        r = SwapStats()
+        return self.lib.kvpack_swap_stats_get(self.h, C.byref(r)), r
 
     def kernel(self):
         r = KernelInfo()
@@ -357,6 +366,11 @@ def test_swap(lib, rng):
     st = lib.kvpack_seq_swap_out(pool.h, s, C.byref(moved))
     check(st == OK and moved.value == used, f"swap_out -> {st}, {moved.value} of {used} pages")
     check(pool.stats()[1].pages_used == 0, "swap_out frees the pages")
+    st, sw = pool.swap_stats()
+    page_bytes = pool.stats()[1].page_bytes
+    check(st == OK and (sw.sequences_swapped, sw.pages_swapped) == (1, used) and sw.swap_bytes >= used * page_bytes,
+          f"swap stats while out: {st} {sw.sequences_swapped} {sw.pages_swapped} {sw.swap_bytes}")
+    check(lib.kvpack_swap_stats_get(pool.h, None) == INVALID, "swap stats into NULL")
     q = rand(rng, 1, QH, D)
     check(pool.attend(s, 0, q)[0] == NOT_PRESENT, "attend on a swapped-out sequence")
     check(pool.length(s) == (OK, 95), "length of a swapped-out sequence")
@@ -368,6 +382,9 @@ def test_swap(lib, rng):
     st = lib.kvpack_seq_swap_in(pool.h, s, C.byref(moved))
     check(st == OK and moved.value == used, f"swap_in -> {st} {lib.kvpack_last_error()}")
     check(lib.kvpack_seq_swap_in(pool.h, s, None) == INVALID, "swap_in of a resident sequence")
+    st, sw = pool.swap_stats()
+    check(st == OK and (sw.sequences_swapped, sw.pages_swapped, sw.swap_bytes) == (0, 0, 0),
+          f"swap stats after swap_in: {sw.sequences_swapped} {sw.pages_swapped} {sw.swap_bytes}")
     for layer in range(L):
         check(np.array_equal(pool.attend(s, layer, q)[1], twin.attend(t, layer, q)[1]),
               f"swap: layer {layer} differs from the twin never swapped")

@@ -272,6 +272,18 @@ KVPACK_C_API kvpack_status kvpack_attend_batch_masked(const kvpack_pool* pool, i
 /** A snapshot of the pool's pages and bytes in *out. Errors: bad pool or NULL out. */
 KVPACK_C_API kvpack_status kvpack_pool_stats_get(const kvpack_pool* pool, kvpack_pool_stats* out);
 
+/** What the pool's swap space holds (kvpack_seq_swap_out), beside kvpack_pool_stats (whose
+ *  memory_bytes counts the arena only). Counts are counts, bytes are bytes. */
+typedef struct kvpack_swap_stats {
+  int64_t sequences_swapped; /**< live sequences swapped out now */
+  uint64_t pages_swapped;    /**< their pages held in the swap space (not in the arena) */
+  uint64_t swap_bytes;       /**< process memory the swap space holds: headers and payloads */
+} kvpack_swap_stats;
+
+/** A snapshot of the pool's swap space in *out. Errors: bad pool or NULL out. Added after
+ *  kvpack_pool_stats without changing it: kvpack_abi_version() stays 1. */
+KVPACK_C_API kvpack_status kvpack_swap_stats_get(const kvpack_pool* pool, kvpack_swap_stats* out);
+
 /** The pool's attention kernel in *out (kvpack_kernel_info). Errors: bad pool or NULL out. */
 KVPACK_C_API kvpack_status kvpack_pool_kernel(const kvpack_pool* pool, kvpack_kernel_info* out);
 

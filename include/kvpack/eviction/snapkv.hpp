@@ -140,6 +140,9 @@ class SnapKVHook : public HookDefaults {
     compress(st, ws, li);
     return {};
   }
+  /// Whether layer li's prompt phase is over (compressed, or decoding began with a prompt that fit):
+  /// no compaction is left to come (a page pool then takes no pages for one).
+  [[nodiscard]] bool prompt_compacted(int li) const noexcept { return layer(li).compressed; }
   [[nodiscard]] std::size_t allocated_bytes() const noexcept {
     std::size_t n = 0;
     for (const LayerState& S : layers_) n += S.obs_q.capacity() * sizeof(float);

@@ -4,6 +4,7 @@
 // (PagePool&, const ModelShape&, const BlockLayout&), with a `store` (PagedEvictStore).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -91,6 +92,23 @@ struct EvictPoolState {
     s.retire();
     s.seq.reset();  // pages lose a reference, rows zeroed
     free_slots.give_back(i);
+  }
+  /// Takes the pages layer `layer` of sequence q may need (its store's pages_bound; `compacts`:
+  /// a compaction into fresh pages may follow), runs `op` with them as the store's spares, and
+  /// returns the rest: all or none (Errc::capacity_exceeded naming `what` when short). If op
+  /// throws, the pages not used go back to the pool (SparePages) and the store forgets them.
+  template <class Op>
+  Status with_pages(Seq& q, int layer, bool compacts, const char* what, Op&& op) {
+    SparePages spare(*pool);
+    const std::size_t need = q.store.pages_bound(layer, q.store.layer(layer).pend.size(), compacts);
+    if (Status t = pool->take(need, spare.pages, what); !t) return t;
+    std::reverse(spare.pages.begin(), spare.pages.end());  // popped from the back: new pages ascend in memory
+    q.store.set_spare(&spare.pages);
+    struct Unset {
+      decltype(q.store)& s;
+      ~Unset() { s.set_spare(nullptr); }
+    } unset{q.store};
+    return op();
   }
   /// A snapshot of pool use (no prefix cache here: prefix fields stay 0).
   [[nodiscard]] PoolStats stats(bool list_sequences = true) const {

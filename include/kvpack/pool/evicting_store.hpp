@@ -185,8 +185,11 @@ class PagedEvictStore {
     for (std::size_t h = 0; h < L.heads.size(); ++h) {
       HeadStore& H = L.heads[h];
       std::int64_t after = H.slots() + std::max<std::int64_t>(0, n_commit - static_cast<std::int64_t>(H.free_slots.size()));
-      if constexpr (Hook::evicts_continuously && Hook::required_block_tokens == 0)  // BlockSparse: no slot reuse
-        if (hook.budget() > 0) after = std::min(after, std::max(H.slots(), hook.budget() + 1));
+      // Slots are reused once the budget holds, except by BlockSparse, and not while a Protocol's
+      // prompt lasts (its end commits every pending token before evicting).
+      bool capped = Hook::evicts_continuously && Hook::required_block_tokens == 0 && hook.budget() > 0;
+      if constexpr (requires { hook.ended(li); }) capped = capped && hook.ended(li);
+      if (capped) after = std::min(after, std::max(H.slots(), hook.budget() + 1));
       const std::size_t blocks = (static_cast<std::size_t>(after) + B - 1) / B;
       if constexpr (requires { hook.reserve_blocks(li, 0, blocks); }) hook.reserve_blocks(li, static_cast<int>(h), blocks);
       reserve_geometric(L.pages[h], blocks);

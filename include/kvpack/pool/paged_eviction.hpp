@@ -220,7 +220,7 @@ class EvictingPagedCache {
     if (Status c = cache_detail::check_finite_rows(shape(), layer, L.total, v, "V"); !c) return c;
     return catch_alloc("append", 0, [&]() -> Status {
       q.store.reserve_append(layer, n, q.hook);  // every allocation below, before any change
-      return with_pages(q, layer, n == 1 && compresses, "append", [&]() -> Status {
+      return st_->with_pages(q, layer, n == 1 && compacts(q, layer), "append", [&]() -> Status {
         if (Status b = q.hook.before_append(q.store, q.ws, layer, n); !b) return b;  // fails before any change
         q.store.commit(layer, q.hook);  // lazy commit: blocks only hold tokens older than the current chunk
         q.store.push(L, k, v, positions);
@@ -230,11 +230,12 @@ class EvictingPagedCache {
     });
   }
 
-  /// SnapKV only: compresses `layer`'s prompt now (KVCache::compress_prompt), taking the pages it
-  /// may need first. Errors: stale handle, bad layer, already compressed or never attended
+  /// SnapKV and Protocol<P, ...>: ends `layer`'s prompt now (KVCache::compress_prompt), taking the
+  /// pages it may need first. Errors: stale handle, bad layer, already compressed or never attended
   /// (Errc::invalid_argument); the pool short of pages (Errc::capacity_exceeded); nothing changed.
-  /// Errc::out_of_memory when the compaction cannot allocate: NOT rolled back (it allocates as it
-  /// goes; the layer is consistent, possibly partly compacted; the pages taken are returned).
+  /// Errc::out_of_memory: nothing changed (the commit is reserved first), except in SnapKV's
+  /// compaction, which allocates as it goes and is NOT rolled back (consistent, possibly partly
+  /// compacted; the pages taken are returned).
   Status compress_prompt(SeqId id, int layer)
     requires requires(eviction_hook& e, store_type& st, Workspace& w) { e.compress_prompt(st, w, 0); }
   {
@@ -243,7 +244,9 @@ class EvictingPagedCache {
     if (Status c = check_layer("compress_prompt", layer); !c) return c;
     Seq& q = **s;
     return catch_alloc("compress_prompt", 0, [&] {
-      return with_pages(q, layer, true, "compress_prompt", [&] { return q.hook.compress_prompt(q.store, q.ws, layer); });
+      q.store.reserve_append(layer, 0, q.hook);  // the prompt's commit, before any change
+      return st_->with_pages(q, layer, compacts(q, layer), "compress_prompt",
+                             [&] { return q.hook.compress_prompt(q.store, q.ws, layer); });
     });
   }
 
@@ -385,7 +388,12 @@ class EvictingPagedCache {
   [[nodiscard]] const BlockLayout& block_layout() const noexcept { return st_->layout; }
 
  private:
-  static constexpr bool compresses = requires(eviction_hook& e, store_type& st, Workspace& w) { e.compress_prompt(st, w, 0); };
+  // Whether ending layer li's prompt may compact it into fresh pages (SnapKV, until it compressed).
+  template <class S>
+  static bool compacts(const S& q, int li) noexcept {
+    if constexpr (requires { q.hook.prompt_compacted(li); }) return !q.hook.prompt_compacted(li);
+    else return false;
+  }
   struct Seq {
     store_type store;
     eviction_hook hook;  // the policy's per-sequence state (budget, FIFO, observation window)
@@ -397,21 +405,6 @@ class EvictingPagedCache {
   using Slot = typename State::Slot;
   explicit EvictingPagedCache(std::unique_ptr<State> st) : st_(std::move(st)) {}
 
-  // Takes the pages `layer` of q may need (pages_bound), runs `op` with them, returns the rest.
-  // If op throws, the pages not used go back to the pool (SparePages) and the store forgets them.
-  template <class Op>
-  Status with_pages(Seq& q, int layer, bool compacts, const char* what, Op&& op) {
-    SparePages spare(*st_->pool);
-    const std::size_t need = q.store.pages_bound(layer, q.store.layer(layer).pend.size(), compacts);
-    if (Status t = st_->pool->take(need, spare.pages, what); !t) return t;
-    std::reverse(spare.pages.begin(), spare.pages.end());  // popped from the back: new pages ascend in memory
-    q.store.set_spare(&spare.pages);
-    struct Unset {
-      store_type& s;
-      ~Unset() { s.set_spare(nullptr); }
-    } unset{q.store};
-    return op();
-  }
   Status run_kernels(Seq& s, int layer, std::span<const float> q, std::span<float> out, Workspace& ws,
                      std::vector<std::vector<float>>& mass, std::int64_t i, const float* bias = nullptr) {
     return pool_detail::evicting_kernels<codec_hook>(s, shape(), layer, q, out, ws, mass, i, bias);

@@ -8,12 +8,12 @@
 // A name is an entry of the policy table (policy_table.hpp: "fp32", "fp16", "int8", "int4-g32",
 // "int4-g64", "k8v4", "kivi4", "fp8-e4m3", "sink-window-50", ...) or llama.cpp cache type names
 // (llama_cpp_types.hpp: "f16", "q8_0", "q4_0", "q4_1", or "K/V" such as "q8_0/q4_0").
-// make_pool instantiates every pool-capable policy (about 34 PagedCache types: 15 without eviction,
-// 19 with SinkWindow / H2O / SnapKV; each with its single-sequence twin for make_single) in the
+// make_pool instantiates every pool-capable policy (about 38 PagedCache types: 15 without eviction,
+// 23 with SinkWindow / H2O / SnapKV / BlockSparse; each with its single-sequence twin for make_single) in the
 // translation unit that calls it: call it from one TU (about 75 s of CPU with g++ 12 -O2, 41 s
 // without the evicting ones), or link the CMake target kvpack::registry, which compiles it once
 // (src/registry/make_pool.cpp) for every program that links it. A single-sequence cache of any policy
-// (BlockSparse, keyframes included) is chosen by type (KVCache<...>), or by name through
+// (keyframes included) is chosen by type (KVCache<...>), or by name through
 // with_policy_set and erase_cache (any_cache.hpp). Nothing throws of its own; std::bad_alloc from an
 // allocation can propagate (the C ABI catches it).
 #pragma once
@@ -35,7 +35,7 @@ namespace kvpack::registry {
 struct PolicyInfo {
   std::string name;
   bool in_defaults = false;   ///< run by kvpack-eval when no --policies are given
-  bool pool_capable = false;  ///< make_pool accepts it (no BlockSparse, Demote<>, offload or keyframe codec)
+  bool pool_capable = false;  ///< make_pool accepts it (no Demote<>, offload or keyframe codec)
   double key_bits = 0, value_bits = 0;  ///< stored bits per element (codec metadata included)
   bool evicts = false;  ///< an eviction policy: attends update its scores, truncate is Errc::unsupported
 };
@@ -108,7 +108,7 @@ inline Error unknown_name(std::string_view name) {
 
 /// A page pool (PagedCache) of the named policy, behind AnyPool.
 /// Errors: unknown name (Errc::invalid_argument), a policy the pool does not support yet
-/// (BlockSparse, Demote<>, offload, keyframe codecs: Errc::unsupported, naming it), a llama.cpp type without
+/// (Demote<>, offload, keyframe codecs: Errc::unsupported, naming it), a llama.cpp type without
 /// a kvpack codec (Errc::unsupported), errors of PagedCache::create (bad shape, budget below one
 /// page, max_sequences < 1: invalid_argument; arena allocation: capacity_exceeded).
 /// Compiled once: where KVPACK_REGISTRY_COMPILED is defined, this header only declares make_pool,
@@ -138,7 +138,7 @@ inline Error unknown_name(std::string_view name) {
       }
     } else {
       r = fail(Errc::unsupported, "kvpack registry: policy '" + std::string(name) +
-                                      "' uses block-sparse eviction, demotion, offload or a keyframe codec, which the page pool does not "
+                                      "' uses demotion, offload or a keyframe codec, which the page pool does not "
                                       "support yet; "
                                       "use KVCache<...> for a single sequence");
     }
