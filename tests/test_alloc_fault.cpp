@@ -10,7 +10,8 @@
 // repeated, and at the end every attention output and the cache contents equal a run without
 // faults, bit for bit. The sweep ends at the first N that the whole sequence never reaches.
 // Caches: quantized with sinks and a residual window, H2O eviction (alone and with a Demote<> low
-// tier), keyframe intervals; each on the scalar kernel and the build's SIMD kernel (Backend<Auto>: AVX2, NEON).
+// tier), keyframe intervals, BlockSparse (masks and in-place compaction); each on the scalar
+// kernel and the build's SIMD kernel (Backend<Auto>: AVX2, NEON); and Protocol<H2O, FixedBudget>.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -100,7 +101,12 @@ using FaultCaches =
                      KVCache<Keys<Int8<>>, Values<Int8<>>, H2O<12, 8, 2>, Blocks<16>, Backend<Auto>,
                              Demote<Keys<Int4<>>, Values<Int2<>>>>,
                      KVCache<Keys<Keyframe<8, Int4<>, Fp16>>, Values<Fp16>, Backend<Scalar>>,
-                     KVCache<Keys<Keyframe<8, Int4<>, Fp16>>, Values<Fp16>, Backend<Auto>>>;
+                     KVCache<Keys<Keyframe<8, Int4<>, Fp16>>, Values<Fp16>, Backend<Auto>>,
+                     // BlockSparse masks blocks out and compacts in place; a Protocol's prompt end
+                     // commits the whole prompt before it evicts.
+                     KVCache<Keys<Int8<>>, Values<Int4<>>, Blocks<8>, BlockSparse<Tokens<24>, 8, 1, 1>, Backend<Scalar>>,
+                     KVCache<Keys<Int8<>>, Values<Int4<>>, Blocks<8>, BlockSparse<Tokens<24>, 8, 1, 1>, Backend<Auto>>,
+                     KVCache<Keys<Int8<>>, Values<Int4<>>, Blocks<16>, Protocol<H2OBudget<Fraction<1, 2>, 2>, FixedBudget>, Backend<Auto>>>;
 TYPED_TEST_SUITE(AllocFault, FaultCaches);
 
 TYPED_TEST(AllocFault, EveryFailedAllocationIsAnErrorAndChangesNothing) {

@@ -126,6 +126,35 @@ class SequenceStore {
 
   /// Blocks KV head h of layer li has allocated (BlockSparse's block count; masked-out ones included).
   [[nodiscard]] std::size_t block_count(int li, int h) const noexcept { return layer(li).heads[static_cast<std::size_t>(h)].blocks.size(); }
+  /// BlockSparse's compaction without allocating: the blocks of KV head h of layer li for which
+  /// keep(b) is false (masked out, their slots forgotten) are zeroed and freed, the others move
+  /// down in order with their slot bookkeeping. The live tokens end densely in cache-index order,
+  /// as HeadStore::compact would write them (whole blocks go, never part of one).
+  template <class Keep>
+  void erase_blocks(int li, int h, Keep&& keep) noexcept {
+    HeadStore& H = layer(li).heads[static_cast<std::size_t>(h)];
+    const auto B = static_cast<std::size_t>(layout_.tokens), w = HeadStore::words_per_block(layout_.tokens);
+    const std::size_t old_slots = H.slot_token.size();  // only the last block may be partly allocated
+    std::size_t to = 0, slots = 0;
+    for (std::size_t b = 0; b < H.blocks.size(); ++b) {
+      if (!keep(b)) {
+        if (H.blocks[b].data) detail::secure_zero(H.blocks[b].data.get(), H.blocks[b].bytes);
+        continue;
+      }
+      const std::size_t n = std::min(B, old_slots - b * B);
+      if (to != b) {
+        H.blocks[to] = std::move(H.blocks[b]);  // frees a masked-out payload moved over (zeroed above)
+        std::copy_n(H.valid.begin() + static_cast<std::ptrdiff_t>(b * w), w, H.valid.begin() + static_cast<std::ptrdiff_t>(to * w));
+        std::copy_n(H.slot_token.begin() + static_cast<std::ptrdiff_t>(b * B), n, H.slot_token.begin() + static_cast<std::ptrdiff_t>(to * B));
+        std::copy_n(H.slot_score.begin() + static_cast<std::ptrdiff_t>(b * B), n, H.slot_score.begin() + static_cast<std::ptrdiff_t>(to * B));
+      }
+      slots = to * B + n;
+      ++to;
+    }
+    H.blocks.erase(H.blocks.begin() + static_cast<std::ptrdiff_t>(to), H.blocks.end());  // frees the dropped payloads
+    H.valid.resize(to * w);
+    H.slot_token.resize(slots), H.slot_score.resize(slots);
+  }
   /// Rewrites KV head h of layer li densely (HeadStore::compact): SnapKV's compaction, through the
   /// store so that a paged store (pool/evicting_store.hpp) can compact into pool pages instead.
   void compact_head(int li, int h) { layer(li).heads[static_cast<std::size_t>(h)].compact(layout_, proto_); }
@@ -177,7 +206,7 @@ class SequenceStore {
   /// reserved buffer if it fails (fit_payload). `pos`: the appended positions (n of them).
   /// May throw std::bad_alloc, leaving the contents unchanged.
   template <class Hook>
-  void reserve_append(int li, std::span<const std::int32_t> pos, const Hook& hook) {
+  void reserve_append(int li, std::span<const std::int32_t> pos, Hook& hook) {
     const auto n = static_cast<std::int64_t>(pos.size());
     Layer& L = layer(li);
     if (!Evicts && layout_.pos_bytes == 0)  // runs of the pending and new positions (a bound on the committed ones)
@@ -194,9 +223,14 @@ class SequenceStore {
     for (HeadStore& H : L.heads) {
       if constexpr (Evicts) {
         std::int64_t after = H.slots() + std::max<std::int64_t>(0, n_commit - static_cast<std::int64_t>(H.free_slots.size()));
-        if constexpr (Hook::evicts_continuously)
-          if (hook.budget() > 0) after = std::min(after, std::max(H.slots(), hook.budget() + unit));
+        // Slots are reused once the budget holds, except by BlockSparse, and not while a
+        // Protocol's prompt lasts (its end commits every pending token before evicting).
+        bool capped = Hook::evicts_continuously && Hook::required_block_tokens == 0 && hook.budget() > 0;
+        if constexpr (requires { hook.ended(li); }) capped = capped && hook.ended(li);
+        if (capped) after = std::min(after, std::max(H.slots(), hook.budget() + unit));
         H.reserve_slots(after, true, layout_, proto_);
+        if constexpr (requires { hook.reserve_blocks(li, 0, std::size_t{}); })
+          hook.reserve_blocks(li, static_cast<int>(&H - L.heads.data()), H.blocks.capacity());
         // Every slot evicted in this append is demoted: at most what exceeds the budget after it
         // (plus one block for block-granular eviction), never more than the slots and pending tokens.
         if constexpr (Tier::enabled) {

@@ -82,10 +82,12 @@ class BlockSparseHook : public HookDefaults {
         evict_block(st, li, h, m, static_cast<std::size_t>(victim), budget_);
       }
     }
-    std::size_t live_blocks = 0;
-    for (std::uint64_t w : m.words) live_blocks += static_cast<std::size_t>(std::popcount(w));
-    const std::size_t nb = st.block_count(li, h);
-    if (live_blocks < nb && nb - live_blocks >= live_blocks) compact(st, li, h);
+    if constexpr (!requires { st.drop_block(li, h, std::size_t{}); }) {  // (a page pool holds no masked-out block)
+      std::size_t live_blocks = 0;
+      for (std::uint64_t w : m.words) live_blocks += static_cast<std::size_t>(std::popcount(w));
+      const std::size_t nb = st.block_count(li, h);
+      if (live_blocks < nb && nb - live_blocks >= live_blocks) compact(st, li, h);
+    }
   }
   /// Room for the bits of `blocks` blocks of KV head h of layer li, so that on_commit allocates
   /// nothing (a paged store's reserve_append calls it). May throw std::bad_alloc (no change).
@@ -150,12 +152,13 @@ class BlockSparseHook : public HookDefaults {
     }
     ++H.blocks[b].header.version;
   }
+  // Rewrites head h densely: KVCache's store erases the masked-out blocks in place (no allocation,
+  // so an append stays all or nothing); the mask keeps its words.
   template <class St>
   void compact(St& st, int li, int h) {
-    st.compact_head(li, h);
     Mask& m = mask(li, h);
-    m = {};
-    mark_live(m, st.block_count(li, h));
+    st.erase_blocks(li, h, [&](std::size_t b) { return live(m, b); });
+    relabel_live(m, st.block_count(li, h));
   }
 
   std::int64_t budget_ = 0;
@@ -184,11 +187,13 @@ class BlockSparseHook : public HookDefaults {
 ///
 /// Compaction: evicting only clears the mask bit (and the slots' bookkeeping); the payload stays
 /// allocated. When at least half of a head's allocated blocks are masked out (threshold: masked
-/// blocks >= live blocks), the live tokens are rewritten densely, in cache-index order, into
-/// fresh blocks and the old blocks are zeroed and freed. Decode then reads contiguous, fully
-/// valid blocks, and a head never allocates more than 2 * (live blocks) + 1 blocks: memory is
-/// bounded by the budget however long the stream. Compaction copies codes bit-for-bit and keeps
-/// the order of the live tiles, so attention output is unchanged by it.
+/// blocks >= live blocks), the masked-out blocks are zeroed and freed and the live ones move down
+/// in place, in cache-index order (nothing is allocated, so an append stays all or nothing).
+/// Decode then reads contiguous, fully valid blocks, and a head never allocates more than
+/// 2 * (live blocks) + 1 blocks: memory is bounded by the budget however long the stream.
+/// Compaction keeps the codes and the order of the live tiles, so attention output is unchanged
+/// by it. On the page pool (EvictingPagedCache) a victim block is a page that leaves the
+/// sequence's page table at once: no masked-out block is ever held there.
 ///
 /// Positions: original positions are kept (keys post-RoPE, never re-rotated), as for every policy.
 /// Per-channel keys are not supported yet (compile-time error, like the token-level policies).
