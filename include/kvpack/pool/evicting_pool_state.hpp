@@ -127,6 +127,8 @@ struct EvictPoolState {
       for (int l = 0; l < cfg.shape.layers; ++l)
         for (const auto& t : s.seq->store.layer(l).pages) q.pages += t.size();
       q.exact_bytes = s.seq->store.exact_bytes();
+      for (int l = 0; l < cfg.shape.layers; ++l)  // the policy's own per-head state (BlockSparse's block bits)
+        for (int h = 0; h < cfg.shape.kv_heads; ++h) q.exact_bytes += s.seq->hook.extra_bytes(l, h);
       q.swapped_pages = s.swapped_pages;
       q.pages -= s.swapped_pages;
       st.pages_swapped += s.swapped_pages;

@@ -373,7 +373,8 @@ class EvictingPagedCache {
   }
 
   /// A snapshot of pool use (pool_types.hpp); SequenceStats::exact_bytes also counts the slot
-  /// bookkeeping (validity words, 8 bytes of cache index and score per slot, pending scores).
+  /// bookkeeping (validity words, 8 bytes of cache index and score per slot, pending scores) and
+  /// BlockSparse's block bits (8 bytes per 64 pages of a KV head).
   /// No error channel: may throw std::bad_alloc (the sequence list), changing nothing.
   [[nodiscard]] PoolStats stats() const { return st_ ? st_->stats() : PoolStats{}; }
   /// Bytes the pool holds: the arena, the per-page overhead, every sequence's exact_bytes. No allocation.
