@@ -437,11 +437,7 @@ class KVCache {
   [[nodiscard]] bool valid(int layer, int kv_head = 0) const noexcept {
     return layer >= 0 && layer < shape().layers && kv_head >= 0 && kv_head < shape().kv_heads;
   }
-  [[nodiscard]] Status check_layer(const char* what, int layer) const {
-    if (valid(layer)) return {};
-    return fail(Errc::invalid_argument, std::string(what) + ": layer " + std::to_string(layer) + " out of range [0, " +
-                                            std::to_string(shape().layers) + ")");
-  }
+  [[nodiscard]] Status check_layer(const char* what, int layer) const { return cache_detail::check_layer(shape(), what, layer); }
 
   store_type store_;               // per-sequence tokens and blocks
   eviction_hook hook_;            // the eviction policy's budget and per-layer state

@@ -366,7 +366,6 @@ class DeviceCache {
   /// Copy of one block's validity words ((B + 63) / 64). Synchronous.
   [[nodiscard]] Result<std::vector<std::uint64_t>> valid_words(int layer, int kv_head, int block) const;
 
-
   /// Waits for all queued work; reports device-side and asynchronous errors (= check()).
   Status synchronize() { return check(); }
 
@@ -404,19 +403,15 @@ class DeviceCache {
 
  private:
   DeviceCache() = default;
-
   [[nodiscard]] std::int64_t capacity() const noexcept {
     return std::min<std::int64_t>(shape_.max_tokens, static_cast<std::int64_t>(max_blocks_) * block_tokens);
   }
-  [[nodiscard]] std::int64_t* device_count(int layer) const noexcept {
-    return static_cast<std::int64_t*>(counts_.get()) + layer;
+  [[nodiscard]] std::int64_t* device_count(int layer) const noexcept { return static_cast<std::int64_t*>(counts_.get()) + layer; }
+  [[nodiscard]] std::size_t block_index(int h, int b) const noexcept {  // block b of KV head h within its layer
+    return static_cast<std::size_t>(h) * static_cast<std::size_t>(max_blocks_) + static_cast<std::size_t>(b);
   }
-  [[nodiscard]] std::size_t layer_bytes() const noexcept {
-    return static_cast<std::size_t>(shape_.kv_heads) * static_cast<std::size_t>(max_blocks_) * static_cast<std::size_t>(stride_);
-  }
-  [[nodiscard]] std::size_t layer_words() const noexcept {
-    return static_cast<std::size_t>(shape_.kv_heads) * static_cast<std::size_t>(max_blocks_) * static_cast<std::size_t>(words_);
-  }
+  [[nodiscard]] std::size_t layer_bytes() const noexcept { return block_index(shape_.kv_heads, 0) * static_cast<std::size_t>(stride_); }
+  [[nodiscard]] std::size_t layer_words() const noexcept { return block_index(shape_.kv_heads, 0) * static_cast<std::size_t>(words_); }
   [[nodiscard]] std::uint8_t* layer_data(int l) const noexcept {
     return static_cast<std::uint8_t*>(data_.get()) + static_cast<std::size_t>(l) * layer_bytes();
   }
@@ -424,12 +419,10 @@ class DeviceCache {
     return static_cast<std::uint64_t*>(valid_.get()) + static_cast<std::size_t>(l) * layer_words();
   }
   [[nodiscard]] std::uint8_t* block_ptr(int l, int h, int b) const noexcept {
-    return layer_data(l) + (static_cast<std::size_t>(h) * static_cast<std::size_t>(max_blocks_) + static_cast<std::size_t>(b)) *
-                               static_cast<std::size_t>(stride_);
+    return layer_data(l) + block_index(h, b) * static_cast<std::size_t>(stride_);
   }
   [[nodiscard]] std::uint64_t* valid_ptr(int l, int h, int b) const noexcept {
-    return layer_valid(l) + (static_cast<std::size_t>(h) * static_cast<std::size_t>(max_blocks_) + static_cast<std::size_t>(b)) *
-                                static_cast<std::size_t>(words_);
+    return layer_valid(l) + block_index(h, b) * static_cast<std::size_t>(words_);
   }
   [[nodiscard]] bool in_range(int l, int h, int b) const noexcept {
     return l >= 0 && l < shape_.layers && h >= 0 && h < shape_.kv_heads && b >= 0 && b < max_blocks_;

@@ -85,6 +85,18 @@ kvpack_status check_pool(const kvpack_pool* p, const char* fn) {
   if (p->magic != kPoolMagic || !p->pool) return invalid(std::string(fn) + ": not a kvpack pool handle");
   return KVPACK_OK;
 }
+
+// A read-only query of a pool into *out (the stats and kernel getters): the pool checked, out
+// not NULL ("<fn>: out is NULL"), then *out = fill(); any exception a status (guard).
+template <class Out, class Fill>
+kvpack_status query_pool(const char* fn, const kvpack_pool* pool, Out* out, Fill&& fill) {
+  return guard(fn, [&] {
+    if (kvpack_status s = check_pool(pool, fn); s != KVPACK_OK) return s;
+    if (out == nullptr) return invalid(std::string(fn) + ": out is NULL");
+    *out = fill();
+    return KVPACK_OK;
+  });
+}
 kvpack_status check_ws(const kvpack_workspace* w, const char* fn) {
   if (w == nullptr) return invalid(std::string(fn) + ": workspace is NULL");
   if (w->magic == kDead) return invalid(std::string(fn) + ": workspace handle was destroyed");
@@ -370,9 +382,7 @@ kvpack_status kvpack_attend_batch_masked(const kvpack_pool* pool, int32_t layer,
 }
 
 kvpack_status kvpack_pool_stats_get(const kvpack_pool* pool, kvpack_pool_stats* out) {
-  return guard("kvpack_pool_stats_get", [&] {
-    if (kvpack_status s = check_pool(pool, "kvpack_pool_stats_get"); s != KVPACK_OK) return s;
-    if (out == nullptr) return invalid("kvpack_pool_stats_get: out is NULL");
+  return query_pool("kvpack_pool_stats_get", pool, out, [&] {
     const kvpack::PoolStats s = pool->pool->stats();
     kvpack_pool_stats r{};
     r.page_bytes = s.page_bytes;
@@ -390,15 +400,12 @@ kvpack_status kvpack_pool_stats_get(const kvpack_pool* pool, kvpack_pool_stats* 
     r.block_tokens = pool->pool->block_tokens();
     r.key_bits_per_value = pool->pool->key_bits_per_value();
     r.value_bits_per_value = pool->pool->value_bits_per_value();
-    *out = r;
-    return KVPACK_OK;
+    return r;
   });
 }
 
 kvpack_status kvpack_swap_stats_get(const kvpack_pool* pool, kvpack_swap_stats* out) {
-  return guard("kvpack_swap_stats_get", [&] {
-    if (kvpack_status s = check_pool(pool, "kvpack_swap_stats_get"); s != KVPACK_OK) return s;
-    if (out == nullptr) return invalid("kvpack_swap_stats_get: out is NULL");
+  return query_pool("kvpack_swap_stats_get", pool, out, [&] {
     const kvpack::PoolStats s = pool->pool->stats();
     kvpack_swap_stats r{};
     for (const kvpack::SequenceStats& q : s.sequences) {  // (one whose pages are all shared holds none in the swap space)
@@ -407,19 +414,15 @@ kvpack_status kvpack_swap_stats_get(const kvpack_pool* pool, kvpack_swap_stats* 
     }
     r.pages_swapped = s.pages_swapped;
     r.swap_bytes = pool->swap->bytes();
-    *out = r;
-    return KVPACK_OK;
+    return r;
   });
 }
 
 kvpack_status kvpack_pool_kernel(const kvpack_pool* pool, kvpack_kernel_info* out) {
-  return guard("kvpack_pool_kernel", [&] {
-    if (kvpack_status s = check_pool(pool, "kvpack_pool_kernel"); s != KVPACK_OK) return s;
-    if (out == nullptr) return invalid("kvpack_pool_kernel: out is NULL");
+  return query_pool("kvpack_pool_kernel", pool, out, [&] {
     const kvpack::kernels::KernelInfo k = pool->pool->kernel();
     // backend_name's views point at string literals: NUL-terminated, static storage.
-    *out = kvpack_kernel_info{k.backend.data(), k.query_group, k.query_error, k.value_group, k.value_error};
-    return KVPACK_OK;
+    return kvpack_kernel_info{k.backend.data(), k.query_group, k.query_error, k.value_group, k.value_error};
   });
 }
 

@@ -99,4 +99,11 @@ namespace kvpack::cache_detail {
   return {};
 }
 
+/// Errc::invalid_argument (naming `what`) unless 0 <= layer < shape.layers.
+[[nodiscard]] inline Status check_layer(const ModelShape& shape, const char* what, int layer) {
+  if (layer >= 0 && layer < shape.layers) return {};
+  return fail(Errc::invalid_argument, std::string(what) + ": layer " + std::to_string(layer) + " out of range [0, " +
+                                          std::to_string(shape.layers) + ")");
+}
+
 }  // namespace kvpack::cache_detail

@@ -41,13 +41,7 @@ namespace kvpack::pool_detail {
 }
 
 using cache_detail::check_queries;
-
-/// Errc::invalid_argument (naming `what`) unless 0 <= layer < shape.layers.
-[[nodiscard]] inline Status check_layer(const ModelShape& shape, const char* what, int layer) {
-  if (layer >= 0 && layer < shape.layers) return {};
-  return fail(Errc::invalid_argument, std::string(what) + ": layer " + std::to_string(layer) + " out of range [0, " +
-                                          std::to_string(shape.layers) + ")");
-}
+using cache_detail::check_layer;  // one layer check for KVCache and both pools
 
 /// A sequence handle's check, as both pools' calls make it: Errc::invalid_argument when the
 /// handle is not live (freed, stale or never created), Errc::not_present when the sequence is
