@@ -194,8 +194,6 @@ class KVCache {
       return fail(Errc::capacity_exceeded, "append: layer " + std::to_string(layer) + " has seen " +
                                                std::to_string(L.total) + " tokens; cache indices are int32");
     if (Status s = cache_detail::check_append_positions(layer, positions); !s) return s;
-    if (Status s = cache_detail::check_finite_rows(shape(), layer, L.total, k, "K"); !s) return s;
-    if (Status s = cache_detail::check_finite_rows(shape(), layer, L.total, v, "V"); !s) return s;
     return catch_alloc("append", 0, [&] {
       rope_.reserve(positions, bound);  // PreRope: the cos/sin table first
       return append_tokens<evicts>(store_, hook_, ws_, off_, layer, k, v, positions);
@@ -330,7 +328,8 @@ class KVCache {
   /// block its used bytes and header, 4 bytes of cache index per row. Transient working copies
   /// (the latest chunk, kernel scratch) are not included.
   [[nodiscard]] std::size_t memory_bytes() const noexcept { return held_bytes(store_, hook_); }
-  /// Bytes allocated for KV data (whole blocks, vector capacities, the latest chunk's copy).
+  /// Bytes allocated for KV data (whole blocks, vector capacities, the latest chunk's copy and
+  /// the append's staging copy, cache/chunk_stage.hpp).
   /// PreRope<> adds its cos/sin table (rope_dims floats per position up to the largest used).
   [[nodiscard]] std::size_t allocated_bytes() const noexcept { return allocated_bytes_of(store_, hook_) + rope_.bytes(); }
   /// Measured bits per K / V value in blocks (StoredBits, cache/inspect.hpp; keyframes: per interval mode).

@@ -33,16 +33,18 @@ void reserve_geometric(std::vector<T>& v, std::size_t need) {
 /// The exact-row part of an append's reservation, shared by SequenceStore, the page pool's
 /// PagedLayer and PagedEvictStore (their layers name these members alike): the latest-chunk copy,
 /// the rows that still go to the sinks (until `sink_tokens` are held) and the pending rows of an
-/// append of n tokens of `row` floats. Returns how many of the n go to the sinks. May throw
+/// append of n tokens of `row` floats, less `direct` tokens encoded without passing through them
+/// (SequenceStore::direct_tokens). Returns how many of the n go to the sinks. May throw
 /// std::bad_alloc, leaving the contents unchanged (only capacities grow).
 template <class Layer>
-std::size_t reserve_append_rows(Layer& L, std::int64_t n, std::size_t row, std::int64_t sink_tokens) {
+std::size_t reserve_append_rows(Layer& L, std::int64_t n, std::size_t row, std::int64_t sink_tokens,
+                                std::int64_t direct = 0) {
   const auto nz = static_cast<std::size_t>(n);
   reserve_geometric(L.chunk_k, nz * row), reserve_geometric(L.chunk_v, nz * row);
   const auto to_sinks = static_cast<std::size_t>(std::clamp<std::int64_t>(sink_tokens - L.sinks_held, 0, n));
   reserve_geometric(L.sink_k, L.sink_k.size() + to_sinks * row), reserve_geometric(L.sink_v, L.sink_v.size() + to_sinks * row);
   reserve_geometric(L.sink_pos, L.sink_pos.size() + to_sinks);
-  L.pend.reserve(nz - to_sinks);
+  L.pend.reserve(nz - to_sinks - static_cast<std::size_t>(direct));
   return to_sinks;
 }
 

@@ -26,6 +26,7 @@ template <bool Evicts, class St, class Hook, class Off>
                                    std::span<const float> v, std::span<const std::int32_t> positions) {
   const auto n = static_cast<std::int64_t>(positions.size());
   st.reserve_append(layer, positions, hook);
+  if (Status s = st.stage_chunk(layer, k, v); !s) return s;  // NaN/Inf: nothing changed yet
   auto& L = st.layer(layer);
   if constexpr (Evicts) {
     // Eviction caches commit lazily: the previous append's tokens are committed (and may be

@@ -158,6 +158,7 @@ template <class St, class Hook>
              L.sink_pos.capacity() * sizeof(std::int32_t) + L.pend.allocated_bytes() + L.block_pos.allocated_bytes();
   }
   if constexpr (DemotingStore<St>) total += st.tier().allocated_bytes();
+  if constexpr (requires { st.stage_bytes(); }) total += st.stage_bytes();
   return total;
 }
 

@@ -18,9 +18,11 @@
 #include <vector>
 
 #include "kvpack/cache/block.hpp"
+#include "kvpack/cache/chunk_stage.hpp"
 #include "kvpack/cache/demotion_tier.hpp"
 #include "kvpack/cache/exact_segments.hpp"
 #include "kvpack/cache/head_store.hpp"
+#include "kvpack/cache/input_checks.hpp"
 #include "kvpack/cache/pending_rows.hpp"
 #include "kvpack/cache/position_runs.hpp"
 #include "kvpack/cache/shape.hpp"
@@ -69,7 +71,8 @@ class SequenceStore {
     reset();
   }
   SequenceStore(SequenceStore&& o) noexcept
-      : shape_(o.shape_), layout_(o.layout_), proto_(o.proto_), layers_(std::move(o.layers_)), tier_(std::move(o.tier_)) {
+      : shape_(o.shape_), layout_(o.layout_), proto_(o.proto_), layers_(std::move(o.layers_)), tier_(std::move(o.tier_)),
+        stage_(std::move(o.stage_)) {
     o.layers_.clear();
     o.shape_.layers = 0;
   }
@@ -78,6 +81,7 @@ class SequenceStore {
       wipe();
       shape_ = o.shape_, layout_ = o.layout_, proto_ = o.proto_, layers_ = std::move(o.layers_);
       tier_ = std::move(o.tier_);
+      stage_ = std::move(o.stage_);
       o.layers_.clear();
       o.shape_.layers = 0;
     }
@@ -212,8 +216,9 @@ class SequenceStore {
     if (!Evicts && layout_.pos_bytes == 0)  // runs of the pending and new positions (a bound on the committed ones)
       L.block_pos.reserve_runs(L.block_pos.runs_added(
           std::span<const std::int32_t>(L.pend.positions(), static_cast<std::size_t>(L.pend.size())), pos));
-    const std::size_t to_sinks = reserve_append_rows(L, n, row_floats(), SinkTokens);
+    const std::size_t to_sinks = reserve_append_rows(L, n, row_floats(), SinkTokens, direct_tokens(li, n, hook));
     reserve_geometric(L.chunk_pos, static_cast<std::size_t>(n));
+    stage_.reserve(static_cast<std::size_t>(n) * row_floats());
     Codec::reserve_encode(shape_.head_dim);
     constexpr std::int64_t unit = Codec::commit_unit;
     const std::int64_t keep = std::max<std::int64_t>(ResidualTokens, hook.keep_exact(*this, li));
@@ -262,15 +267,24 @@ class SequenceStore {
     }
   }
 
-  /// Stores n appended tokens (k, v: [n][kv_heads][D]; pos: [n]): sinks first, then pending
-  /// (except the `direct` tokens after the sinks, which commit_direct encodes); keeps an exact
-  /// copy as the latest chunk.
+  /// Copies an append's rows (k, v: [n][kv_heads][D]) into the stage, checking them in the same
+  /// pass (after reserve_append: allocates nothing). Errc::non_finite for the first NaN/Inf of K,
+  /// else of V (check_finite_rows' message), with nothing changed.
+  [[nodiscard]] Status stage_chunk(int li, std::span<const float> k, std::span<const float> v) {
+    const int bad = stage_.fill(k, v);
+    return bad == 0 ? Status{} : cache_detail::check_finite_rows(shape_, li, layer(li).total, bad == 1 ? k : v, bad == 1 ? "K" : "V");
+  }
+  /// Bytes of the stage (ChunkStage::allocated_bytes).
+  [[nodiscard]] std::size_t stage_bytes() const noexcept { return stage_.allocated_bytes(); }
+
+  /// Stores n appended tokens (k, v: [n][kv_heads][D], staged by stage_chunk; pos: [n]): sinks
+  /// first, then pending (except the `direct` tokens after the sinks, which commit_direct
+  /// encodes); the staged copy becomes the latest chunk.
   void push(Layer& L, std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> pos,
             std::int64_t direct = 0) {
     const auto n = static_cast<std::int64_t>(pos.size());
     const std::size_t row = row_floats();
-    L.chunk_k.assign(k.begin(), k.end());
-    L.chunk_v.assign(v.begin(), v.end());
+    stage_.swap_into(L.chunk_k, L.chunk_v);
     L.chunk_pos.assign(pos.begin(), pos.end());
     L.chunk_tokens = n;
     std::int64_t t = 0;
@@ -397,6 +411,7 @@ class SequenceStore {
       L.pend.wipe();
     }
     layers_.clear();
+    stage_.wipe();
     if constexpr (Tier::enabled) tier_.wipe();
   }
 
@@ -431,6 +446,7 @@ class SequenceStore {
   BlockHeader proto_;
   std::vector<Layer> layers_;
   [[no_unique_address]] Tier tier_;  // the low-precision tier of demoted tokens (empty without Demote<>)
+  ChunkStage stage_;                  // the append in progress, checked (stage_chunk)
 };
 
 }  // namespace kvpack
