@@ -69,6 +69,23 @@ inline void store8(__m256i q, std::byte* codes, std::size_t i) noexcept {
   }
 }
 
+/// Stores the levels of 32 consecutive elements (quantize8 of elements 0-7, 8-15, 16-23, 24-31)
+/// as 16 bytes of INT4 codes at `out`, as store8 would 8 at a time: levels saturated to bytes in
+/// element order, offset by -qmin, then each byte pair (2i, 2i + 1) joined as lo | hi << 4 by one
+/// multiply-add (pair weights 1 and 16).
+template <simd::IntCodecFamily C>
+inline void store32_int4(__m256i q0, __m256i q1, __m256i q2, __m256i q3, std::byte* out) noexcept {
+  static_assert(C::bits == 4);
+  // packs work per 128-bit lane: bytes come out as dwords [q0 0-3, q1 0-3, q2 0-3, q3 0-3 |
+  // q0 4-7, q1 4-7, q2 4-7, q3 4-7], put back in element order by one dword permute.
+  const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+  __m256i u = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  u = _mm256_sub_epi8(u, _mm256_set1_epi8(static_cast<char>(C::qmin)));  // stored: q - qmin in 0..15
+  const __m256i pairs = _mm256_maddubs_epi16(u, _mm256_set1_epi16(0x1001));  // lo * 1 + hi * 16
+  const __m128i bytes = _mm_packus_epi16(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), bytes);
+}
+
 /// Encodes n values under one GroupParams p into packed codes, bit-identical to
 /// C::store_code(codes, i, C::encode_value(x[i], p)) for every i. Integer codecs only.
 /// For INT4, n is even and whole bytes are written; INT3/INT2 write 3 / 2 bytes per 8 values and
@@ -76,8 +93,14 @@ inline void store8(__m256i q, std::byte* codes, std::size_t i) noexcept {
 template <simd::IntCodecFamily C>
 inline void encode_codes(const float* x, std::size_t n, GroupParams p, std::byte* codes) noexcept {
   const __m256 s = _mm256_set1_ps(p.scale), z = _mm256_set1_ps(p.zero);
+  std::size_t i = 0;
+  if constexpr (C::bits == 4)
+    for (; i + 32 <= n; i += 32)
+      store32_int4<C>(quantize8<C>(_mm256_loadu_ps(x + i), s, z), quantize8<C>(_mm256_loadu_ps(x + i + 8), s, z),
+                      quantize8<C>(_mm256_loadu_ps(x + i + 16), s, z), quantize8<C>(_mm256_loadu_ps(x + i + 24), s, z),
+                      codes + i / 2);
   const std::size_t body = n - n % 8;
-  for (std::size_t i = 0; i < body; i += 8) store8<C>(quantize8<C>(_mm256_loadu_ps(x + i), s, z), codes, i);
+  for (; i < body; i += 8) store8<C>(quantize8<C>(_mm256_loadu_ps(x + i), s, z), codes, i);
   for (std::size_t k = 0; k < n % 8; ++k) C::store_code(codes, body + k, C::encode_value(x[body + k], p));
 }
 
