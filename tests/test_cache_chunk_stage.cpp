@@ -105,6 +105,21 @@ TEST(ChunkStage, TheStageIsCountedAndDirectTokensReserveNoPendingRows) {
   EXPECT_LT(c.allocated_bytes(), 2 * rows + 64 * 1024);
 }
 
+TEST(ChunkStage, PrefillChunkCopiesAreReleasedByTheFirstDecodeStep) {
+  Int4Cache c = Int4Cache::create(kShape).value();
+  const std::int64_t n = 200;
+  for (int l = 0; l < kLayers; ++l)
+    ASSERT_TRUE(c.append(l, kvtest::normal(n * kRow, 1), kvtest::normal(n * kRow, 2), kvtest::iota_positions(0, n)));
+  const std::size_t chunk_bytes = 2 * static_cast<std::size_t>(n) * kRow * sizeof(float);  // K and V
+  EXPECT_GT(c.allocated_bytes(), c.memory_bytes() + kLayers * chunk_bytes);  // each layer keeps its chunk
+  for (int l = 0; l < kLayers; ++l)
+    ASSERT_TRUE(c.append(l, kvtest::normal(kRow, 3), kvtest::normal(kRow, 4), kvtest::iota_positions(n, 1)));
+  // Left: the blocks' unused slots (3 layers x 2 heads x under one 64-token block) and small
+  // vectors, far below one prefill chunk.
+  EXPECT_LT(c.allocated_bytes(), c.memory_bytes() + 64 * 1024);
+  EXPECT_EQ(c.tokens(2), n + 1);
+}
+
 TEST(ChunkStage, NonFiniteKAndVReportKFirstAndChangeNothing) {
   Exact c = Exact::create(kShape).value();
   const auto k0 = kvtest::normal(40 * kRow, 5), v0 = kvtest::normal(40 * kRow, 6);

@@ -41,12 +41,22 @@ namespace kvpack {
 /// The staged K and V rows of the append in progress ([n][kv_heads][head_dim] floats each). One
 /// per SequenceStore, shared by its layers: after swap_into it holds the layer's previous chunk
 /// copy, whose capacity the next append reuses, so a store keeps one chunk more than it has
-/// layers (counted in allocated_bytes, zeroed by wipe).
+/// layers (counted in allocated_bytes, zeroed by wipe). A buffer far larger than the append at
+/// hand (a prefill chunk's, once decoding has begun) is released instead of handed on, so the
+/// layers' chunk copies shrink to the decode step's size after one step.
 struct ChunkStage {
   std::vector<float> k, v;
 
-  /// Capacity for `floats` floats of K and of V. May throw std::bad_alloc (contents unchanged).
+  /// Whether a buffer of `capacity` floats is too large to keep for appends of `floats`.
+  [[nodiscard]] static bool oversized(std::size_t capacity, std::size_t floats) noexcept {
+    constexpr std::size_t kSmall = 16384;  // 64 KiB: kept whatever the append
+    return capacity > kSmall && capacity / 4 > floats;
+  }
+
+  /// Capacity for `floats` floats of K and of V (an oversized stage is released first). May
+  /// throw std::bad_alloc; the stage holds no cache state, so nothing is lost.
   void reserve(std::size_t floats) {
+    if (oversized(k.capacity(), floats) || oversized(v.capacity(), floats)) wipe();
     reserve_geometric(k, floats);
     reserve_geometric(v, floats);
   }
@@ -61,10 +71,12 @@ struct ChunkStage {
     return !k_ok ? 1 : !v_ok ? 2 : 0;
   }
 
-  /// Exchanges the staged rows with a layer's latest-chunk copy (chunk_k, chunk_v).
+  /// Exchanges the staged rows with a layer's latest-chunk copy (chunk_k, chunk_v); the layer's
+  /// old copy, now staged, is released if oversized for the new one.
   void swap_into(std::vector<float>& chunk_k, std::vector<float>& chunk_v) noexcept {
     chunk_k.swap(k);
     chunk_v.swap(v);
+    if (oversized(k.capacity(), chunk_k.size()) || oversized(v.capacity(), chunk_v.size())) wipe();
   }
 
   /// Bytes allocated (capacities).
