@@ -12,6 +12,7 @@
 // Caches: quantized with sinks and a residual window, H2O eviction (alone and with a Demote<> low
 // tier), keyframe intervals, BlockSparse (masks and in-place compaction); each on the scalar
 // kernel and the build's SIMD kernel (Backend<Auto>: AVX2, NEON); and Protocol<H2O, FixedBudget>.
+// AllocFaultShrink: the optional allocations that release prefill-sized buffers.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -157,6 +158,63 @@ TYPED_TEST(AllocFault, EveryFailedAllocationIsAnErrorAndChangesNothing) {
     if (!g_fired) break;  // the sequence needs fewer than n allocations: every point was tried
   }
   EXPECT_GT(injected, 10) << "the sweep must hit create, append and attend";
+}
+
+// After a prefill, the first decode appends release the prefill-sized pending rows and chunk
+// copies (PendingRows::shrink_for, ChunkStage): moving the live rows into smaller buffers
+// allocates, but optionally. A fault there is swallowed (the append succeeds, keeping the large
+// buffers); a fault anywhere else is Errc::out_of_memory with nothing changed. Either way every
+// attention output equals the fault-free run bit for bit.
+TEST(AllocFaultShrink, ReleasingPrefillBuffersNeverFailsAnAppend) {
+  // H2O commits each append's rows at the next one, so the prefill's 100 rows sit in the
+  // pending rows until the first decode step and are shrunk at the second.
+  using Cache = KVCache<Keys<Int8<>>, Values<Int4<>>, H2O<40, 20, 2>, Blocks<16>>;
+  const ModelShape shape{.layers = 1, .q_heads = 4, .kv_heads = 4, .head_dim = 128, .max_tokens = 512};
+  const size_t row = 4 * 128, qrow = 4 * 128;
+  const int sizes[] = {100, 1, 1, 1};  // 100 rows of 512 floats: over the 16384-float threshold
+  auto run = [&](Cache& c, int i, std::vector<float>& out, bool arm) -> Status {
+    const auto k = kvtest::normal(static_cast<size_t>(sizes[i]) * row, 70 + i), v = kvtest::normal(k.size(), 80 + i);
+    const auto pos = kvtest::iota_positions(c.tokens(0), sizes[i]);
+    const auto q = kvtest::normal(qrow, 90 + i, 0.5f);
+    out.assign(q.size(), 0.f);
+    {
+      Arm a(arm);
+      if (Status s = c.append(0, k, v, pos); !s) return s;
+    }
+    Arm a(arm);
+    return c.attend(0, q, out);
+  };
+  auto clean = Cache::create(shape).value();
+  std::vector<std::vector<float>> want(4);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(run(clean, i, want[i], false));
+  int swallowed = 0;
+  for (long n = 1;; ++n) {
+    auto c = Cache::create(shape).value();
+    g_countdown = n;
+    g_fired = false;
+    for (int i = 0; i < 4; ++i) {
+      const bool fired_before = g_fired;
+      const std::int64_t tokens = c.tokens(0);
+      std::vector<float> out;
+      Status st = run(c, i, out, true);
+      if (!st) {
+        ASSERT_EQ(st.error().code, Errc::out_of_memory) << st.error().message;
+        if (c.tokens(0) == tokens) {  // the append failed: nothing changed, repeat it
+          st = run(c, i, out, false);
+        } else {  // the attend failed: repeat it alone
+          const auto q = kvtest::normal(qrow, 90 + i, 0.5f);
+          out.assign(q.size(), 0.f);
+          st = c.attend(0, q, out);
+        }
+        ASSERT_TRUE(st) << st.error().message;
+      } else if (g_fired && !fired_before && i > 0) {
+        ++swallowed;  // a decode step's optional shrink took the fault
+      }
+      ASSERT_EQ(out, want[static_cast<size_t>(i)]) << "step " << i << ", fault at allocation " << n;
+    }
+    if (!g_fired) break;
+  }
+  EXPECT_GT(swallowed, 0) << "the shrink's allocation was never reached";
 }
 
 TEST(AllocFaultCreate, AbsurdLayerCountIsAnErrorNamingTheBytes) {

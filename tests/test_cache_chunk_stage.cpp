@@ -1,7 +1,8 @@
 // The append's one-pass NaN/Inf check and copy (cache/chunk_stage.hpp): copy_finite against
 // std::isfinite at odd sizes and every position, and KVCache keeping each layer's latest chunk
 // exact while the staged buffers are swapped between layers, with the stage counted in
-// allocated_bytes and a rejected append changing nothing.
+// allocated_bytes and a rejected append changing nothing; prefill-sized buffers (latest-chunk
+// copies, pending rows) released once decoding runs (assign_shrinking, PendingRows::shrink_for).
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -50,6 +51,44 @@ TEST(CopyFinite, CopiesEveryValueAndFindsEachNonFiniteOne) {
         EXPECT_TRUE(same_bits(src, dst)) << "the copy completes: " << n << " at " << at;
       }
   }
+}
+
+TEST(ShrinkBuffers, AssignShrinkingReleasesOnlyAPrefillSizedBuffer) {
+  const auto small = kvtest::normal(128, 1);
+  std::vector<float> dst(600 * 128, 1.f);  // a 600-token chunk of one KV head pair: 300 KiB
+  assign_shrinking(dst, small);
+  EXPECT_TRUE(same_bits(dst, small));
+  EXPECT_LT(dst.capacity(), 4 * small.size() + 1);
+  std::vector<float> modest(4000, 1.f);  // 16 KiB: below the threshold, kept
+  const float* before = modest.data();
+  assign_shrinking(modest, small);
+  EXPECT_TRUE(same_bits(modest, small));
+  EXPECT_EQ(modest.data(), before);
+}
+
+TEST(ShrinkBuffers, PendingRowsShrinkKeepsTheLiveRowsAndScores) {
+  constexpr std::size_t row = 128;
+  PendingRows p;
+  p.configure(row, 2);
+  p.reserve(600);
+  const auto k = kvtest::normal(600 * row, 2), v = kvtest::normal(600 * row, 3);
+  const auto pos = kvtest::iota_positions(0, 600);
+  p.push(k.data(), v.data(), pos.data(), 600);
+  for (std::int64_t i = 0; i < 600; ++i) p.score(i, 1) = static_cast<float>(i);
+  p.drop_front(597);
+  const std::size_t big = p.allocated_bytes();
+  p.shrink_for(1);
+  EXPECT_LT(p.allocated_bytes() * 50, big);
+  ASSERT_EQ(p.size(), 3);
+  for (std::int64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(p.position(i), 597 + i);
+    EXPECT_EQ(p.score(i, 1), static_cast<float>(597 + i));
+    EXPECT_EQ(p.k()[i * row + 7], k[(597 + i) * row + 7]);
+    EXPECT_EQ(p.v()[i * row + 127], v[(597 + i) * row + 127]);
+  }
+  const std::size_t small = p.allocated_bytes();
+  p.shrink_for(1);  // no longer oversized: unchanged
+  EXPECT_EQ(p.allocated_bytes(), small);
 }
 
 constexpr int kD = 64, kKvHeads = 2, kQHeads = 4, kLayers = 3;

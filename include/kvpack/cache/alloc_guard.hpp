@@ -30,12 +30,20 @@ void reserve_geometric(std::vector<T>& v, std::size_t need) {
   if (v.capacity() < need) v.reserve(std::max(need, 2 * v.capacity()));
 }
 
+/// Whether a buffer of `capacity` floats is worth replacing by one sized for `need`: more than
+/// 4x larger, and over 16384 floats (64 KiB). What it catches: buffers sized for a prefill chunk
+/// and kept through decoding (one per layer, and per sequence in a pool).
+[[nodiscard]] constexpr bool oversized_buffer(std::size_t capacity, std::size_t need) noexcept {
+  return capacity > 16384 && capacity / 4 > need;
+}
+
 /// The exact-row part of an append's reservation, shared by SequenceStore, the page pool's
 /// PagedLayer and PagedEvictStore (their layers name these members alike): the latest-chunk copy,
 /// the rows that still go to the sinks (until `sink_tokens` are held) and the pending rows of an
 /// append of n tokens of `row` floats, less `direct` tokens encoded without passing through them
-/// (SequenceStore::direct_tokens). Returns how many of the n go to the sinks. May throw
-/// std::bad_alloc, leaving the contents unchanged (only capacities grow).
+/// (SequenceStore::direct_tokens); pending rows far larger than needed are shrunk first
+/// (PendingRows::shrink_for). Returns how many of the n go to the sinks. May throw
+/// std::bad_alloc, leaving the contents unchanged (only capacities change).
 template <class Layer>
 std::size_t reserve_append_rows(Layer& L, std::int64_t n, std::size_t row, std::int64_t sink_tokens,
                                 std::int64_t direct = 0) {
@@ -44,7 +52,9 @@ std::size_t reserve_append_rows(Layer& L, std::int64_t n, std::size_t row, std::
   const auto to_sinks = static_cast<std::size_t>(std::clamp<std::int64_t>(sink_tokens - L.sinks_held, 0, n));
   reserve_geometric(L.sink_k, L.sink_k.size() + to_sinks * row), reserve_geometric(L.sink_v, L.sink_v.size() + to_sinks * row);
   reserve_geometric(L.sink_pos, L.sink_pos.size() + to_sinks);
-  L.pend.reserve(nz - to_sinks - static_cast<std::size_t>(direct));
+  const std::size_t to_pending = nz - to_sinks - static_cast<std::size_t>(direct);
+  L.pend.shrink_for(to_pending);
+  L.pend.reserve(to_pending);
   return to_sinks;
 }
 

@@ -9,6 +9,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <span>
 #include <vector>
 
@@ -38,6 +39,23 @@ namespace kvpack {
   return top < first_non_finite;
 }
 
+/// dst = src (a latest-chunk copy replaced; dst's capacity already reserved for src), in a
+/// fresh allocation of src's size when dst's buffer is oversized_buffer for it, the old buffer
+/// zeroed and freed; if that allocation fails, dst's own buffer is reused. Never throws.
+inline void assign_shrinking(std::vector<float>& dst, std::span<const float> src) noexcept {
+  if (oversized_buffer(dst.capacity(), src.size())) {
+    try {
+      std::vector<float> fresh(src.begin(), src.end());
+      detail::wipe_vector(dst);
+      dst.swap(fresh);
+      return;
+    } catch (const std::bad_alloc&) {
+      // reuse dst's buffer below
+    }
+  }
+  dst.assign(src.begin(), src.end());  // within capacity: no allocation
+}
+
 /// The staged K and V rows of the append in progress ([n][kv_heads][head_dim] floats each). One
 /// per SequenceStore, shared by its layers: after swap_into it holds the layer's previous chunk
 /// copy, whose capacity the next append reuses, so a store keeps one chunk more than it has
@@ -47,16 +65,10 @@ namespace kvpack {
 struct ChunkStage {
   std::vector<float> k, v;
 
-  /// Whether a buffer of `capacity` floats is too large to keep for appends of `floats`.
-  [[nodiscard]] static bool oversized(std::size_t capacity, std::size_t floats) noexcept {
-    constexpr std::size_t kSmall = 16384;  // 64 KiB: kept whatever the append
-    return capacity > kSmall && capacity / 4 > floats;
-  }
-
-  /// Capacity for `floats` floats of K and of V (an oversized stage is released first). May
+  /// Capacity for `floats` floats of K and of V (an oversized_buffer stage is released first). May
   /// throw std::bad_alloc; the stage holds no cache state, so nothing is lost.
   void reserve(std::size_t floats) {
-    if (oversized(k.capacity(), floats) || oversized(v.capacity(), floats)) wipe();
+    if (oversized_buffer(k.capacity(), floats) || oversized_buffer(v.capacity(), floats)) wipe();
     reserve_geometric(k, floats);
     reserve_geometric(v, floats);
   }
@@ -76,7 +88,7 @@ struct ChunkStage {
   void swap_into(std::vector<float>& chunk_k, std::vector<float>& chunk_v) noexcept {
     chunk_k.swap(k);
     chunk_v.swap(v);
-    if (oversized(k.capacity(), chunk_k.size()) || oversized(v.capacity(), chunk_v.size())) wipe();
+    if (oversized_buffer(k.capacity(), chunk_k.size()) || oversized_buffer(v.capacity(), chunk_v.size())) wipe();
   }
 
   /// Bytes allocated (capacities).

@@ -9,9 +9,11 @@
 // window used to move R rows; now it moves R rows once every R steps).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "kvpack/cache/alloc_guard.hpp"
@@ -64,6 +66,26 @@ class PendingRows {
     v_.insert(v_.end(), v, v + n * row_);
     pos_.insert(pos_.end(), pos, pos + n);
     score_.resize(pos_.size() * heads_, 0.f);
+  }
+
+  /// Before n more rows arrive: when the buffers are oversized (oversized_buffer) for the live
+  /// rows plus n, e.g. a prefill chunk's once decoding runs, moves the live rows into buffers of
+  /// that size and zeroes and frees the old ones. If that allocation fails the old buffers stay;
+  /// the rows held are unchanged either way.
+  void shrink_for(std::size_t n) noexcept {
+    const std::size_t live = pos_.size() - head_, rows = live + n;
+    if (!oversized_buffer(k_.capacity(), rows * row_)) return;
+    try {
+      PendingRows fresh;
+      fresh.configure(row_, heads_);
+      fresh.reserve(rows);
+      if (live > 0) fresh.push(k(), v(), positions(), live);
+      std::copy(score_.begin() + static_cast<std::ptrdiff_t>(head_ * heads_), score_.end(), fresh.score_.begin());
+      wipe();
+      *this = std::move(fresh);
+    } catch (const std::bad_alloc&) {
+      // keep the large buffers
+    }
   }
 
   /// Drops the n oldest live rows (n <= size()), zeroing what they occupied.

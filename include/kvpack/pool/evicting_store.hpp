@@ -25,6 +25,7 @@
 
 #include "kvpack/cache/alloc_guard.hpp"
 #include "kvpack/cache/block.hpp"
+#include "kvpack/cache/chunk_stage.hpp"
 #include "kvpack/cache/exact_segments.hpp"
 #include "kvpack/cache/head_store.hpp"
 #include "kvpack/cache/pending_rows.hpp"
@@ -284,8 +285,8 @@ class PagedEvictStore {
   void push(Layer& L, std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> pos) {
     const auto n = static_cast<std::int64_t>(pos.size());
     const auto row = static_cast<std::ptrdiff_t>(row_floats());
-    L.chunk_k.assign(k.begin(), k.end());
-    L.chunk_v.assign(v.begin(), v.end());
+    assign_shrinking(L.chunk_k, k);  // a prefill chunk's buffer is not kept through decoding
+    assign_shrinking(L.chunk_v, v);
     L.chunk_tokens = n;
     std::int64_t t = 0;
     for (; t < n && L.sinks_held < SinkTokens; ++t, ++L.sinks_held) {

@@ -23,6 +23,7 @@
 
 #include "kvpack/cache/alloc_guard.hpp"
 #include "kvpack/cache/block.hpp"
+#include "kvpack/cache/chunk_stage.hpp"
 #include "kvpack/cache/exact_segments.hpp"
 #include "kvpack/cache/pending_rows.hpp"
 #include "kvpack/cache/position_runs.hpp"
@@ -213,8 +214,8 @@ inline void push(PagedLayer& L, std::span<const float> k, std::span<const float>
                  std::size_t row, int sinks, std::int64_t hist_cap) {
   const auto n = static_cast<std::int64_t>(pos.size());
   const auto r = static_cast<std::int64_t>(row);
-  L.chunk_k.assign(k.begin(), k.end());
-  L.chunk_v.assign(v.begin(), v.end());
+  assign_shrinking(L.chunk_k, k);  // a prefill chunk's buffer is not kept through decoding
+  assign_shrinking(L.chunk_v, v);
   L.chunk_tokens = n;
   std::int64_t t = 0;
   for (; t < n && L.sinks_held < sinks; ++t, ++L.sinks_held) {
