@@ -174,7 +174,13 @@ class BasicPagedCache {
           pool_detail::pages_for_append(L, *S.pool, n, sink_tokens, residual_tokens, commit_unit, block_tokens);
       if (Status t = st_->pool->take(need, spare.pages, "append"); !t) return t;
       std::reverse(spare.pages.begin(), spare.pages.end());  // commit pops from the back: each head's new pages ascend in memory
-      pool_detail::push(L, k, v, positions, row_floats(), sink_tokens, S.hist_cap);
+      // Tokens committed within this append are encoded from the caller's rows (as KVCache).
+      const std::int64_t direct = pool_detail::direct_tokens(L, n, sink_tokens, residual_tokens, commit_unit);
+      const std::int64_t first = pool_detail::push(L, k, v, positions, row_floats(), sink_tokens, S.hist_cap, direct);
+      const std::size_t at = static_cast<std::size_t>(first) * row_floats();
+      if (direct > 0)
+        pool_detail::encode_rows<codec_hook>(L, *S.pool, S.layout, shape().kv_heads, k.data() + at, v.data() + at,
+                                             positions.data() + first, direct, spare.pages);
       pool_detail::commit<codec_hook>(L, *st_->pool, S.layout, shape().kv_heads, residual_tokens, spare.pages);
       return {};  // `spare` releases what is left: nothing when the count was right
     });

@@ -99,17 +99,15 @@ inline void make_writable(PagePool& pool, std::vector<std::uint32_t>& table, std
   pool.release(p);
 }
 
-/// Quantizes the pending tokens of L beyond commit_count into pages (Codec: a CodecHook). `spare`
-/// holds the pages reserved for this commit (new pages and copy-on-write copies).
+/// Encodes n_commit rows (k, v: row stride kv_heads * head_dim; pos: n_commit positions) into
+/// the next slots of every KV head of L, after L.committed, taking new pages and a copy of a
+/// shared open page from `spare`; advances L.committed and L.block_pos.
 template <class Codec>
-void commit(PagedLayer& L, PagePool& pool, const BlockLayout& layout, int kv_heads, int R,
-            std::vector<std::uint32_t>& spare) {
+void encode_rows(PagedLayer& L, PagePool& pool, const BlockLayout& layout, int kv_heads, const float* k, const float* v,
+                 const std::int32_t* pos, std::int64_t n_commit, std::vector<std::uint32_t>& spare) {
   constexpr int U = Codec::commit_unit;
-  const std::int64_t target = commit_count(L.total - L.sinks_held, R, U);
-  if (target <= L.committed) return;
   const std::int64_t B = layout.tokens;
   const auto stride = static_cast<std::ptrdiff_t>(static_cast<std::size_t>(kv_heads) * static_cast<std::size_t>(layout.head_dim));
-  const std::int64_t n_commit = target - L.committed;
   for (int h = 0; h < kv_heads; ++h) {
     auto& table = L.pages[static_cast<std::size_t>(h)];
     if (L.committed % B != 0) make_writable(pool, table, table.size() - 1, spare);
@@ -123,13 +121,34 @@ void commit(PagedLayer& L, PagePool& pool, const BlockLayout& layout, int kv_hea
       BlockHeader& hd = pool.header(p);
       const auto off = static_cast<std::size_t>(slot % B);
       const std::ptrdiff_t at = t0 * stride + static_cast<std::ptrdiff_t>(h) * layout.head_dim;
-      Codec::encode(layout, pool.data(p), hd.flags, off, L.pend.k() + at, L.pend.v() + at, stride, L.pend.positions() + t0);
+      Codec::encode(layout, pool.data(p), hd.flags, off, k + at, v + at, stride, pos + t0);
       hd.count = static_cast<std::uint16_t>(std::max<std::size_t>(hd.count, off + static_cast<std::size_t>(U)));
       ++hd.version;
     }
   }
-  L.block_pos.push(L.pend.positions(), n_commit);  // runs reserved by reserve_append: allocates nothing
-  L.committed = target;
+  L.block_pos.push(pos, n_commit);  // runs reserved by reserve_append: allocates nothing
+  L.committed += n_commit;
+}
+
+/// Of an n-token append to L, the tokens after those that fill the sinks that commit within the
+/// same append while no pending rows wait: whole commit units beyond the residual window R.
+/// push() leaves them out of the pending rows and encode_rows takes them from the caller's rows
+/// (the codes the pending route would give: commit boundaries depend on token counts only).
+[[nodiscard]] inline std::int64_t direct_tokens(const PagedLayer& L, std::int64_t n, int sinks, int R, int U) noexcept {
+  if (!L.pend.empty()) return 0;
+  const std::int64_t after_sinks = n - std::clamp<std::int64_t>(sinks - L.sinks_held, 0, n);
+  return after_sinks > R ? (after_sinks - R) / U * U : 0;
+}
+
+/// Quantizes the pending tokens of L beyond commit_count into pages (Codec: a CodecHook). `spare`
+/// holds the pages reserved for this commit (new pages and copy-on-write copies).
+template <class Codec>
+void commit(PagedLayer& L, PagePool& pool, const BlockLayout& layout, int kv_heads, int R,
+            std::vector<std::uint32_t>& spare) {
+  const std::int64_t target = commit_count(L.total - L.sinks_held, R, Codec::commit_unit);
+  if (target <= L.committed) return;
+  const std::int64_t n_commit = target - L.committed;
+  encode_rows<Codec>(L, pool, layout, kv_heads, L.pend.k(), L.pend.v(), L.pend.positions(), n_commit, spare);
   L.pend.drop_front(n_commit);
 }
 
@@ -160,7 +179,8 @@ void reserve_append(PagedLayer& L, std::span<const std::int32_t> pos, std::size_
   const auto n = static_cast<std::int64_t>(pos.size());
   // Committed positions are a contiguous part of (pending, new): at most one run more than the whole.
   L.block_pos.reserve_runs(L.block_pos.runs_added({L.pend.positions(), static_cast<std::size_t>(L.pend.size())}, pos) + 1);
-  const std::size_t rest = static_cast<std::size_t>(n) - reserve_append_rows(L, n, row, sinks);
+  const std::size_t rest =
+      static_cast<std::size_t>(n) - reserve_append_rows(L, n, row, sinks, direct_tokens(L, n, sinks, R, U));
   if (hist_cap > 0 && rest > 0) L.hist.reserve(std::min(rest, static_cast<std::size_t>(hist_cap)));
   const std::int64_t total = L.total + n, sinks_after = std::min<std::int64_t>(sinks, total);
   const auto want = static_cast<std::size_t>((commit_count(total - sinks_after, R, U) + B - 1) / B);
@@ -209,9 +229,11 @@ void attend_layer(const ModelShape& shape, const PagedLayer& L, const PagePool& 
 }
 
 /// Stores n appended tokens (k, v: [n][row]; pos: [n]) in L: the exact chunk copy, sinks first,
-/// then pending rows, and (hist_cap > 0) rollback copies of the non-sink ones, trimmed to hist_cap.
-inline void push(PagedLayer& L, std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> pos,
-                 std::size_t row, int sinks, std::int64_t hist_cap) {
+/// then pending rows except the first `direct` non-sink ones (direct_tokens: the caller encodes
+/// them with encode_rows), and (hist_cap > 0) rollback copies of the non-sink ones, trimmed to
+/// hist_cap. Returns the chunk row of the first non-sink token.
+inline std::int64_t push(PagedLayer& L, std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> pos,
+                         std::size_t row, int sinks, std::int64_t hist_cap, std::int64_t direct = 0) {
   const auto n = static_cast<std::int64_t>(pos.size());
   const auto r = static_cast<std::int64_t>(row);
   assign_shrinking(L.chunk_k, k);  // a prefill chunk's buffer is not kept through decoding
@@ -223,8 +245,11 @@ inline void push(PagedLayer& L, std::span<const float> k, std::span<const float>
     L.sink_v.insert(L.sink_v.end(), v.begin() + t * r, v.begin() + (t + 1) * r);
     L.sink_pos.push_back(pos[static_cast<std::size_t>(t)]);
   }
+  const std::int64_t first = t;
   if (t < n) {
-    L.pend.push(k.data() + t * r, v.data() + t * r, pos.data() + t, static_cast<std::size_t>(n - t));
+    if (t + direct < n)
+      L.pend.push(k.data() + (t + direct) * r, v.data() + (t + direct) * r, pos.data() + t + direct,
+                  static_cast<std::size_t>(n - t - direct));
     if (hist_cap > 0) {
       const std::int64_t from = std::max(t, n - hist_cap);  // older rows would be trimmed at once
       L.hist.push(k.data() + from * r, v.data() + from * r, pos.data() + from, static_cast<std::size_t>(n - from));
@@ -232,6 +257,7 @@ inline void push(PagedLayer& L, std::span<const float> k, std::span<const float>
     }
   }
   L.total += n;
+  return first;
 }
 
 /// Whether L's rollback copies hold what truncating it to n_new tokens needs (the pending rows of
