@@ -166,6 +166,7 @@ TEST(ChunkStage, NonFiniteKAndVReportKFirstAndChangeNothing) {
   const auto q = kvtest::normal(2 * kQHeads * kD, 4);
   std::vector<float> before(q.size()), after(q.size());
   ASSERT_TRUE(c.attend(1, q, before));
+  const std::size_t allocated = c.allocated_bytes();
   auto k = kvtest::normal(512 * kRow, 7), v = kvtest::normal(512 * kRow, 8);
   v[3 * kRow + 2] = std::numeric_limits<float>::infinity();
   k[511 * kRow + kRow - 1] = std::numeric_limits<float>::quiet_NaN();
@@ -182,6 +183,9 @@ TEST(ChunkStage, NonFiniteKAndVReportKFirstAndChangeNothing) {
             std::string::npos)
       << sv.error().message;
   EXPECT_EQ(c.tokens(1), 40);
+  // Checked before anything is reserved: the rejected 512 tokens grew no buffer (the stage they
+  // were copied into is released).
+  EXPECT_LE(c.allocated_bytes(), allocated);
   ASSERT_TRUE(c.attend(1, q, after));  // the latest chunk (and its queries) are as they were
   EXPECT_TRUE(same_bits(before, after));
   ASSERT_TRUE(c.append(1, kvtest::normal(kRow, 9), kvtest::normal(kRow, 10), kvtest::iota_positions(40, 1)));

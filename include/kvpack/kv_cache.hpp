@@ -195,6 +195,7 @@ class KVCache {
                                                std::to_string(L.total) + " tokens; cache indices are int32");
     if (Status s = cache_detail::check_append_positions(layer, positions); !s) return s;
     return catch_alloc("append", 0, [&] {
+      if (Status s = store_.stage_chunk(layer, k, v); !s) return s;  // NaN/Inf, before any reservation
       rope_.reserve(positions, bound);  // PreRope: the cos/sin table first
       return append_tokens<evicts>(store_, hook_, ws_, off_, layer, k, v, positions);
     });

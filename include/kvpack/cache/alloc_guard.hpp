@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvpack/detail/secure_zero.hpp"
 #include "kvpack/result.hpp"
 
 #if __has_include(<unistd.h>)
@@ -28,6 +29,19 @@ namespace kvpack {
 template <class T>
 void reserve_geometric(std::vector<T>& v, std::size_t need) {
   if (v.capacity() < need) v.reserve(std::max(need, 2 * v.capacity()));
+}
+
+/// reserve_geometric for buffers of KV rows: when v must grow, its contents move into the new
+/// buffer and the old one is zeroed before it is freed (vector::reserve frees it as it is, and
+/// secure zeroing covers every fp32 row kvpack lets go of). May throw std::bad_alloc (v unchanged).
+template <class T>
+void reserve_zeroing(std::vector<T>& v, std::size_t need) {
+  if (v.capacity() >= need) return;
+  std::vector<T> grown;
+  grown.reserve(std::max(need, 2 * v.capacity()));
+  grown.assign(v.begin(), v.end());  // within capacity: no allocation
+  detail::wipe_vector(v);
+  v.swap(grown);
 }
 
 /// Whether a buffer of `capacity` floats is worth replacing by one sized for `need`: more than
@@ -48,9 +62,9 @@ template <class Layer>
 std::size_t reserve_append_rows(Layer& L, std::int64_t n, std::size_t row, std::int64_t sink_tokens,
                                 std::int64_t direct = 0) {
   const auto nz = static_cast<std::size_t>(n);
-  reserve_geometric(L.chunk_k, nz * row), reserve_geometric(L.chunk_v, nz * row);
+  reserve_zeroing(L.chunk_k, nz * row), reserve_zeroing(L.chunk_v, nz * row);
   const auto to_sinks = static_cast<std::size_t>(std::clamp<std::int64_t>(sink_tokens - L.sinks_held, 0, n));
-  reserve_geometric(L.sink_k, L.sink_k.size() + to_sinks * row), reserve_geometric(L.sink_v, L.sink_v.size() + to_sinks * row);
+  reserve_zeroing(L.sink_k, L.sink_k.size() + to_sinks * row), reserve_zeroing(L.sink_v, L.sink_v.size() + to_sinks * row);
   reserve_geometric(L.sink_pos, L.sink_pos.size() + to_sinks);
   const std::size_t to_pending = nz - to_sinks - static_cast<std::size_t>(direct);
   L.pend.shrink_for(to_pending);

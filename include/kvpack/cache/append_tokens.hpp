@@ -17,7 +17,8 @@
 
 namespace kvpack {
 
-/// Appends n = positions.size() >= 1 validated tokens to `layer` of `st`: the eviction hook's
+/// Appends n = positions.size() >= 1 validated tokens, staged by st.stage_chunk (which checked
+/// them for NaN/Inf), to `layer` of `st`: the eviction hook's
 /// before_append and the lazy commit (Evicts), the push, then enforce (Evicts) or commit and
 /// hand-over of full blocks to the offload state. Errors: the hook's before_append; may throw
 /// std::bad_alloc from reserve_append, before any change (see the file comment for the rest).
@@ -26,7 +27,6 @@ template <bool Evicts, class St, class Hook, class Off>
                                    std::span<const float> v, std::span<const std::int32_t> positions) {
   const auto n = static_cast<std::int64_t>(positions.size());
   st.reserve_append(layer, positions, hook);
-  if (Status s = st.stage_chunk(layer, k, v); !s) return s;  // NaN/Inf: nothing changed yet
   auto& L = st.layer(layer);
   if constexpr (Evicts) {
     // Eviction caches commit lazily: the previous append's tokens are committed (and may be

@@ -65,12 +65,18 @@ inline void assign_shrinking(std::vector<float>& dst, std::span<const float> src
 struct ChunkStage {
   std::vector<float> k, v;
 
-  /// Capacity for `floats` floats of K and of V (an oversized_buffer stage is released first). May
-  /// throw std::bad_alloc; the stage holds no cache state, so nothing is lost.
+  /// Capacity for `floats` floats of K and of V. The stage's contents (another layer's previous
+  /// chunk) are never needed again, so a stage too small, or oversized_buffer, is zeroed and
+  /// released first instead of being copied into the new buffer. May throw std::bad_alloc; the
+  /// stage holds no cache state, so nothing is lost.
   void reserve(std::size_t floats) {
-    if (oversized_buffer(k.capacity(), floats) || oversized_buffer(v.capacity(), floats)) wipe();
-    reserve_geometric(k, floats);
-    reserve_geometric(v, floats);
+    const bool small = k.capacity() < floats || v.capacity() < floats;
+    if (small || oversized_buffer(k.capacity(), floats) || oversized_buffer(v.capacity(), floats)) {
+      const std::size_t grown = std::max(floats, small ? 2 * k.capacity() : floats);
+      wipe();
+      k.reserve(grown);
+      v.reserve(grown);
+    }
   }
 
   /// Copies the append's rows in (capacity reserved: allocates nothing). Returns 0 when every

@@ -56,7 +56,7 @@ class PendingRows {
   /// Makes room for n more rows, so that push(.., n) allocates nothing (may throw std::bad_alloc;
   /// the rows held are unchanged either way).
   void reserve(std::size_t n) {
-    reserve_geometric(k_, k_.size() + n * row_), reserve_geometric(v_, v_.size() + n * row_);
+    reserve_zeroing(k_, k_.size() + n * row_), reserve_zeroing(v_, v_.size() + n * row_);
     reserve_geometric(pos_, pos_.size() + n), reserve_geometric(score_, (pos_.size() + n) * heads_);
   }
 

@@ -200,15 +200,13 @@ class SequenceStore {
     for (std::size_t i = 0; i < keep.size(); ++i) layers_[i / heads].heads[i % heads].spare = std::move(keep[i]);
   }
 
-  /// Allocates ahead everything appending n tokens to layer li can need in push and commit (the
-  /// chunk copy, sinks, pending rows, blocks and slot bookkeeping of every KV head), so that those
-  /// steps allocate nothing after it (KVCache::append's strong guarantee). The block count is the
-  /// commit rule's, exact without eviction; with eviction, the pool grows by the committed tokens
-  /// that find no free slot, capped at the hook's budget plus one unit (enforce frees slots as
-  /// commit goes). Keyframe blocks are reserved at BlockLayout::bytes (their modes are not known
-  /// yet); commit then moves each into an allocation of its own size, a nothrow one that keeps the
-  /// reserved buffer if it fails (fit_payload). `pos`: the appended positions (n of them).
-  /// May throw std::bad_alloc, leaving the contents unchanged.
+  /// Allocates ahead all that push and commit of n tokens to layer li need (sinks, pending rows,
+  /// blocks, slot bookkeeping), so they allocate nothing (KVCache::append's strong guarantee).
+  /// Blocks: the commit rule's count, exact without eviction; with eviction, the committed tokens
+  /// that find no free slot, capped at the hook's budget plus one unit. Keyframe blocks are
+  /// reserved at BlockLayout::bytes; commit moves each into an allocation of its own size by a
+  /// nothrow allocation that keeps the reserved buffer if it fails (fit_payload). `pos`: the
+  /// appended positions. May throw std::bad_alloc, leaving the contents unchanged.
   template <class Hook>
   void reserve_append(int li, std::span<const std::int32_t> pos, Hook& hook) {
     const auto n = static_cast<std::int64_t>(pos.size());
@@ -218,7 +216,6 @@ class SequenceStore {
           std::span<const std::int32_t>(L.pend.positions(), static_cast<std::size_t>(L.pend.size())), pos));
     const std::size_t to_sinks = reserve_append_rows(L, n, row_floats(), SinkTokens, direct_tokens(li, n, hook));
     reserve_geometric(L.chunk_pos, static_cast<std::size_t>(n));
-    stage_.reserve(static_cast<std::size_t>(n) * row_floats());
     Codec::reserve_encode(shape_.head_dim);
     constexpr std::int64_t unit = Codec::commit_unit;
     const std::int64_t keep = std::max<std::int64_t>(ResidualTokens, hook.keep_exact(*this, li));
@@ -267,15 +264,17 @@ class SequenceStore {
     }
   }
 
-  /// Copies an append's rows (k, v: [n][kv_heads][D]) into the stage, checking them in the same
-  /// pass (after reserve_append: allocates nothing). Errc::non_finite for the first NaN/Inf of K,
-  /// else of V (check_finite_rows' message), with nothing changed.
+  /// First step of an append: copies its rows (k, v: [n][kv_heads][D]) into the stage, checking
+  /// them. Errc::non_finite for the first NaN/Inf of K, else of V (check_finite_rows' message),
+  /// the stage released and nothing else touched. May throw std::bad_alloc (the stage's growth).
   [[nodiscard]] Status stage_chunk(int li, std::span<const float> k, std::span<const float> v) {
+    stage_.reserve(k.size());
     const int bad = stage_.fill(k, v);
-    return bad == 0 ? Status{} : cache_detail::check_finite_rows(shape_, li, layer(li).total, bad == 1 ? k : v, bad == 1 ? "K" : "V");
+    if (bad == 0) return {};
+    stage_.wipe();
+    return cache_detail::check_finite_rows(shape_, li, layer(li).total, bad == 1 ? k : v, bad == 1 ? "K" : "V");
   }
-  /// Bytes of the stage (ChunkStage::allocated_bytes).
-  [[nodiscard]] std::size_t stage_bytes() const noexcept { return stage_.allocated_bytes(); }
+  [[nodiscard]] std::size_t stage_bytes() const noexcept { return stage_.allocated_bytes(); }  ///< the stage's capacity
 
   /// Stores n appended tokens (k, v: [n][kv_heads][D], staged by stage_chunk; pos: [n]): sinks
   /// first, then pending (except the `direct` tokens after the sinks, which commit_direct

@@ -160,13 +160,16 @@ class BasicPagedCache {
     if (!s) return s.error();
     if (Status c = check_layer("append", layer); !c) return c;
     auto& L = (*s)->layers[static_cast<std::size_t>(layer)];
-    if (Status c = pool_detail::check_append(shape(), layer, L.total, k, v, positions); !c) return c;
+    if (Status c = pool_detail::check_append(shape(), layer, L.total, k, v, positions, false); !c) return c;
     if (positions.empty()) return {};
     return catch_alloc("append", 0, [&]() -> Status {
       const State& S = *st_;
       const auto n = static_cast<std::int64_t>(positions.size());
-      // Reserve (rows, page tables, the spare list), take the pages, then change: nothing below
-      // the take allocates, and `spare` returns its pages if anything throws before they are used.
+      // Stage and check the rows, reserve (rows, page tables, the spare list), take the pages,
+      // then change: nothing below the take allocates, and `spare` returns its pages if anything
+      // throws before they are used.
+      ChunkStage& stage = (*s)->stage;
+      if (Status c = pool_detail::stage_rows(stage, shape(), layer, L.total, k, v); !c) return c;  // NaN/Inf
       pool_detail::reserve_append<codec_hook>(L, positions, row_floats(), sink_tokens, residual_tokens, block_tokens,
                                               S.hist_cap, shape().head_dim);
       SparePages spare(*st_->pool);
@@ -174,14 +177,8 @@ class BasicPagedCache {
           pool_detail::pages_for_append(L, *S.pool, n, sink_tokens, residual_tokens, commit_unit, block_tokens);
       if (Status t = st_->pool->take(need, spare.pages, "append"); !t) return t;
       std::reverse(spare.pages.begin(), spare.pages.end());  // commit pops from the back: each head's new pages ascend in memory
-      // Tokens committed within this append are encoded from the caller's rows (as KVCache).
-      const std::int64_t direct = pool_detail::direct_tokens(L, n, sink_tokens, residual_tokens, commit_unit);
-      const std::int64_t first = pool_detail::push(L, k, v, positions, row_floats(), sink_tokens, S.hist_cap, direct);
-      const std::size_t at = static_cast<std::size_t>(first) * row_floats();
-      if (direct > 0)
-        pool_detail::encode_rows<codec_hook>(L, *S.pool, S.layout, shape().kv_heads, k.data() + at, v.data() + at,
-                                             positions.data() + first, direct, spare.pages);
-      pool_detail::commit<codec_hook>(L, *st_->pool, S.layout, shape().kv_heads, residual_tokens, spare.pages);
+      pool_detail::store_append<codec_hook>(L, *S.pool, S.layout, shape().kv_heads, k, v, positions, sink_tokens,
+                                            residual_tokens, S.hist_cap, stage, spare.pages);
       return {};  // `spare` releases what is left: nothing when the count was right
     });
   }

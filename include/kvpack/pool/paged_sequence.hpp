@@ -25,6 +25,7 @@
 #include "kvpack/cache/block.hpp"
 #include "kvpack/cache/chunk_stage.hpp"
 #include "kvpack/cache/exact_segments.hpp"
+#include "kvpack/cache/input_checks.hpp"
 #include "kvpack/cache/pending_rows.hpp"
 #include "kvpack/cache/position_runs.hpp"
 #include "kvpack/cache/shape.hpp"
@@ -228,16 +229,16 @@ void attend_layer(const ModelShape& shape, const PagedLayer& L, const PagePool& 
   }
 }
 
-/// Stores n appended tokens (k, v: [n][row]; pos: [n]) in L: the exact chunk copy, sinks first,
+/// Stores n appended tokens (k, v: [n][row], staged in `stage`; pos: [n]) in L: the exact chunk
+/// copy (swapped in from the stage), sinks first,
 /// then pending rows except the first `direct` non-sink ones (direct_tokens: the caller encodes
 /// them with encode_rows), and (hist_cap > 0) rollback copies of the non-sink ones, trimmed to
 /// hist_cap. Returns the chunk row of the first non-sink token.
 inline std::int64_t push(PagedLayer& L, std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> pos,
-                         std::size_t row, int sinks, std::int64_t hist_cap, std::int64_t direct = 0) {
+                         std::size_t row, int sinks, std::int64_t hist_cap, ChunkStage& stage, std::int64_t direct) {
   const auto n = static_cast<std::int64_t>(pos.size());
   const auto r = static_cast<std::int64_t>(row);
-  assign_shrinking(L.chunk_k, k);  // a prefill chunk's buffer is not kept through decoding
-  assign_shrinking(L.chunk_v, v);
+  stage.swap_into(L.chunk_k, L.chunk_v);  // the rows stage.fill copied and checked
   L.chunk_tokens = n;
   std::int64_t t = 0;
   for (; t < n && L.sinks_held < sinks; ++t, ++L.sinks_held) {
@@ -258,6 +259,35 @@ inline std::int64_t push(PagedLayer& L, std::span<const float> k, std::span<cons
   }
   L.total += n;
   return first;
+}
+
+/// First step of an append: copies its rows into `stage`, checking them in the same pass.
+/// Errc::non_finite for the first NaN/Inf of K, else of V, naming layer, KV head, token and
+/// channel (cache index from `held`), the stage released and nothing else touched. May throw
+/// std::bad_alloc (the stage's growth; no sequence state changes).
+[[nodiscard]] inline Status stage_rows(ChunkStage& stage, const ModelShape& shape, int layer, std::int64_t held,
+                                       std::span<const float> k, std::span<const float> v) {
+  stage.reserve(k.size());
+  const int bad = stage.fill(k, v);
+  if (bad == 0) return {};
+  stage.wipe();
+  return cache_detail::check_finite_rows(shape, layer, held, bad == 1 ? k : v, bad == 1 ? "K" : "V");
+}
+
+/// The changing half of PagedCache::append (rows staged, everything reserved, `spare` holding
+/// the pages pages_for_append counted): push, the tokens committed within this append encoded
+/// from the caller's rows (direct_tokens, as KVCache), then the pending rows' commit.
+template <class Codec>
+void store_append(PagedLayer& L, PagePool& pool, const BlockLayout& layout, int kv_heads, std::span<const float> k,
+                  std::span<const float> v, std::span<const std::int32_t> pos, int sinks, int R, std::int64_t hist_cap,
+                  ChunkStage& stage, std::vector<std::uint32_t>& spare) {
+  const auto n = static_cast<std::int64_t>(pos.size());
+  const std::size_t row = static_cast<std::size_t>(kv_heads) * static_cast<std::size_t>(layout.head_dim);
+  const std::int64_t direct = direct_tokens(L, n, sinks, R, Codec::commit_unit);
+  const std::int64_t first = push(L, k, v, pos, row, sinks, hist_cap, stage, direct);
+  const std::size_t at = static_cast<std::size_t>(first) * row;
+  if (direct > 0) encode_rows<Codec>(L, pool, layout, kv_heads, k.data() + at, v.data() + at, pos.data() + first, direct, spare);
+  commit<Codec>(L, pool, layout, kv_heads, R, spare);
 }
 
 /// Whether L's rollback copies hold what truncating it to n_new tokens needs (the pending rows of

@@ -18,9 +18,11 @@
 namespace kvpack::pool_detail {
 
 /// Checks an append of positions.size() tokens to a layer holding `held` tokens: k and v sizes,
-/// capacity (shape.max_tokens per sequence and layer), negative positions, non-finite values.
+/// capacity (shape.max_tokens per sequence and layer), negative positions; non-finite values
+/// too unless `values` is false (PagedCache checks them while staging the rows: ChunkStage).
 [[nodiscard]] inline Status check_append(const ModelShape& shape, int layer, std::int64_t held, std::span<const float> k,
-                                         std::span<const float> v, std::span<const std::int32_t> positions) {
+                                         std::span<const float> v, std::span<const std::int32_t> positions,
+                                         bool values = true) {
   const auto n = static_cast<std::int64_t>(positions.size());
   const std::size_t row = static_cast<std::size_t>(shape.kv_heads) * static_cast<std::size_t>(shape.head_dim);
   const std::string at = "append: layer " + std::to_string(layer);
@@ -35,8 +37,9 @@ namespace kvpack::pool_detail {
     if (positions[t] < 0)
       return fail(Errc::invalid_argument, at + ": negative position " + std::to_string(positions[t]) + " at token " +
                                               std::to_string(t) + " of the chunk");
-  for (const auto& [x, name] : {std::pair{k, "K"}, std::pair{v, "V"}})
-    if (Status f = cache_detail::check_finite_rows(shape, layer, held, x, name); !f) return f;
+  if (values)
+    for (const auto& [x, name] : {std::pair{k, "K"}, std::pair{v, "V"}})
+      if (Status f = cache_detail::check_finite_rows(shape, layer, held, x, name); !f) return f;
   return {};
 }
 

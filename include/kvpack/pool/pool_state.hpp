@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kvpack/cache/alloc_guard.hpp"
+#include "kvpack/cache/chunk_stage.hpp"
 #include "kvpack/detail/secure_zero.hpp"
 #include "kvpack/pool/page_pool.hpp"
 #include "kvpack/pool/paged_sequence.hpp"
@@ -27,9 +28,12 @@
 
 namespace kvpack::pool_detail {
 
-/// A sequence slot: its handle (pool/slot_handles.hpp), swap state (pool/pool_swap.hpp) and layers.
+/// A sequence slot: its handle (pool/slot_handles.hpp), swap state (pool/pool_swap.hpp), layers
+/// and the stage its appends copy and check their rows in (cache/chunk_stage.hpp; one per
+/// sequence, since calls on different sequences may run concurrently).
 struct SeqSlot : SlotHandle, SwapState {
   std::vector<PagedLayer> layers;
+  ChunkStage stage;
 };
 
 /// Shared state of a PagedCache with codec hook Codec, Sinks<S>, Residual<R>.
@@ -145,6 +149,7 @@ struct PoolState {
         for (const std::uint32_t p : table) pool->release(p);
       L.wipe();
     }
+    s.stage.wipe();
     free_slots.give_back(i);
   }
 
