@@ -6,6 +6,10 @@
 //    sequence, in W tasks on the same executor
 // Time per iteration covers all sequences; per-token time = time / seqs. Counters: tok/s (decoded
 // tokens of one layer per second, all sequences), kv_bytes (KV bytes read per iteration).
+//  * pool-append/int4-g32/<shape>/<n>   PagedCache::append of n tokens (1: a decode step, 512: a
+//    prefill chunk) to one sequence's layer, as append/int4-g32/... does for KVCache (bench_append.cpp);
+//    every 4096 tokens the sequence is freed and a new one created, timing paused. Counters: tok/s,
+//    GB/s of fp32 K+V input.
 #include "bench_common.hpp"
 #include "kvpack/pool/paged_cache.hpp"
 
@@ -100,9 +104,58 @@ void pool_separate(benchmark::State& st, BenchShape s, int workers) {
   st.counters["kv_bytes"] = static_cast<double>(bytes);
 }
 
+void pool_append(benchmark::State& st, BenchShape s, std::int64_t n) {
+  constexpr std::int64_t kCap = 4096;
+  // An arena of 32 MiB (an 8B-class sequence of 4096 int4-g32 tokens takes 5.2 MiB of pages),
+  // touched by the warm-up fill below: the timed appends reuse pages as a running server does,
+  // instead of faulting in a fresh part of a large arena at every new sequence.
+  auto made = Pool::create({.shape = shape_of(s, kCap), .byte_budget = std::size_t{32} << 20, .max_sequences = 2});
+  if (!made) return st.SkipWithError(made.error().message.c_str());
+  Pool pool = std::move(made).value();
+  std::vector<float> k, v;
+  fill_kv(s, 0, kCap, k, v);
+  const std::vector<std::int32_t> pos = iota_positions(0, kCap);
+  const std::size_t row = static_cast<std::size_t>(s.kv_heads) * static_cast<std::size_t>(s.head_dim);
+  kvpack::SeqId id = pool.create_sequence().value();
+  bool ok = true;
+  for (int warm = 0; warm < 8 && ok; ++warm) {  // touch the arena's pages (32 MiB / 5.2 MiB per fill)
+    for (std::int64_t t0 = 0; t0 < kCap && ok; t0 += 512)
+      ok = bool(pool.append(id, 0, std::span<const float>(k).subspan(static_cast<std::size_t>(t0) * row, 512 * row),
+                            std::span<const float>(v).subspan(static_cast<std::size_t>(t0) * row, 512 * row),
+                            std::span<const std::int32_t>(pos).subspan(static_cast<std::size_t>(t0), 512)));
+    ok = ok && pool.free_sequence(id);
+    id = pool.create_sequence().value();
+  }
+  std::int64_t t = 0;
+  for (auto _ : st) {
+    if (t + n > kCap) {
+      st.PauseTiming();
+      ok = ok && pool.free_sequence(id);
+      id = pool.create_sequence().value();
+      t = 0;
+      st.ResumeTiming();
+    }
+    const auto off = static_cast<std::size_t>(t) * row, len = static_cast<std::size_t>(n) * row;
+    ok = ok && pool.append(id, 0, std::span<const float>(k).subspan(off, len), std::span<const float>(v).subspan(off, len),
+                           std::span<const std::int32_t>(pos).subspan(static_cast<std::size_t>(t), static_cast<std::size_t>(n)));
+    benchmark::ClobberMemory();
+    t += n;
+  }
+  if (!ok) return st.SkipWithError("append failed");
+  using C = benchmark::Counter;
+  const double toks = static_cast<double>(st.iterations()) * static_cast<double>(n);
+  st.counters["tok/s"] = C(toks, C::kIsRate);
+  st.counters["GB/s"] = C(toks * static_cast<double>(row) * 2 * sizeof(float) / 1e9, C::kIsRate);
+}
+
 }  // namespace
 
 void register_pool_benchmarks() {
+  for (const BenchShape& s : kShapes)
+    for (const std::int64_t n : {std::int64_t{1}, std::int64_t{512}}) {
+      const std::string name = "pool-append/int4-g32/" + std::string(s.name) + "/" + std::to_string(n);
+      benchmark::RegisterBenchmark(name.c_str(), pool_append, s, n)->UseRealTime()->MinTime(0.1)->Unit(benchmark::kMicrosecond);
+    }
   const std::string size = std::to_string(pool_seqs()) + "x" + std::to_string(pool_context());
   for (const BenchShape& s : kShapes)
     for (int workers : thread_counts())
