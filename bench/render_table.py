@@ -41,7 +41,9 @@ def load(path, clock="wall"):
     rows = []
     for key, b in picked.items():
         parts = key.split("/")
-        if len(parts) < 5:
+        # Tables are made of <kind>/<config>/<backend>/<shape>/<n> cases; others (pool-batch,
+        # pool-append: no backend field) stay in the JSON only.
+        if len(parts) < 5 or not parts[4].isdigit():
             continue
         r = dict(b)
         r.update(kind=parts[0], config=parts[1], backend=parts[2], shape=parts[3], n=int(parts[4]),
