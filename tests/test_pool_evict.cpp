@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <tuple>
 #include <vector>
 
@@ -135,6 +136,37 @@ TYPED_TEST(PoolEvict, EqualsKVCacheBitForBit) {
     ASSERT_TRUE(pool.free_sequence(id));
     EXPECT_EQ(pool.stats().pages_free, pool.stats().pages_total);
   }
+}
+
+// An append holding NaN/Inf is rejected in the pass that copies it (the sequence's stage),
+// before anything is reserved or committed: K reported before V, with layer, KV head, token and
+// channel; the sequence attends bit-identically afterwards and takes the next append.
+TYPED_TEST(PoolEvict, NonFiniteAppendsChangeNothing) {
+  using Pool = typename Types<TypeParam>::pool;
+  Pool pool = make_pool<Pool>();
+  const SeqId id = *pool.create_sequence();
+  for (int l = 0; l < kShape.layers; ++l)
+    ASSERT_TRUE(pool.append(id, l, kvtest::normal(40 * kRow, 1 + l), kvtest::normal(40 * kRow, 3 + l), kvtest::iota_positions(0, 40)));
+  const auto q = kvtest::normal(kQRow, 9);
+  std::vector<float> before(q.size()), after(q.size());
+  Workspace ws;
+  ASSERT_TRUE(pool.attend(id, 1, q, before, ws));
+  const std::size_t free0 = pool.stats().pages_free;
+  for (bool in_v : {false, true}) {
+    auto k = kvtest::normal(20 * kRow, 5), v = kvtest::normal(20 * kRow, 6);
+    (in_v ? v : k)[7 * kRow + 64 + 3] = std::numeric_limits<float>::quiet_NaN();  // token 7, KV head 1, channel 3
+    const Status st = pool.append(id, 1, k, v, kvtest::iota_positions(40, 20));
+    ASSERT_FALSE(st);
+    EXPECT_EQ(st.error().code, Errc::non_finite);
+    EXPECT_NE(st.error().message.find(std::string(in_v ? "non-finite V" : "non-finite K") +
+                                      " value nan at layer 1, kv head 1, token 7 of the chunk (cache index 47), channel 3"),
+              std::string::npos)
+        << st.error().message;
+  }
+  EXPECT_EQ(pool.stats().pages_free, free0);
+  ASSERT_TRUE(pool.attend(id, 1, q, after, ws));
+  EXPECT_EQ(before, after);
+  EXPECT_TRUE(pool.append(id, 1, kvtest::normal(kRow, 7), kvtest::normal(kRow, 8), kvtest::iota_positions(40, 1)));
 }
 
 TYPED_TEST(PoolEvict, ForkThenEvictOnEitherSide) {

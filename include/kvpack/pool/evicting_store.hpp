@@ -28,6 +28,7 @@
 #include "kvpack/cache/chunk_stage.hpp"
 #include "kvpack/cache/exact_segments.hpp"
 #include "kvpack/cache/head_store.hpp"
+#include "kvpack/cache/input_checks.hpp"
 #include "kvpack/cache/pending_rows.hpp"
 #include "kvpack/cache/shape.hpp"
 #include "kvpack/detail/secure_zero.hpp"
@@ -116,6 +117,7 @@ class PagedEvictStore {
       for (HeadStore& H : L.heads) H = HeadStore{};
       L.sinks_held = L.committed = L.total = L.chunk_tokens = 0;
     }
+    stage_.wipe();
   }
 
   [[nodiscard]] const ModelShape& shape() const noexcept { return shape_; }
@@ -280,13 +282,21 @@ class PagedEvictStore {
     H = std::move(fresh);
   }
 
-  /// Stores n appended tokens (k, v: [n][kv_heads][D]; pos: [n]): sinks first, then pending
-  /// (scores 0); keeps an exact copy as the latest chunk. As SequenceStore::push.
+  /// First step of an append: copies and checks its rows (SequenceStore::stage_chunk).
+  [[nodiscard]] Status stage_chunk(int li, std::span<const float> k, std::span<const float> v) {
+    stage_.reserve(k.size());
+    const int bad = stage_.fill(k, v);
+    if (bad == 0) return {};
+    stage_.wipe();
+    return cache_detail::check_finite_rows(shape_, li, layer(li).total, bad == 1 ? k : v, bad == 1 ? "K" : "V");
+  }
+
+  /// Stores n appended tokens (k, v: [n][kv_heads][D], staged by stage_chunk; pos: [n]): sinks
+  /// first, then pending (scores 0); the staged copy becomes the latest chunk. As SequenceStore::push.
   void push(Layer& L, std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> pos) {
     const auto n = static_cast<std::int64_t>(pos.size());
     const auto row = static_cast<std::ptrdiff_t>(row_floats());
-    assign_shrinking(L.chunk_k, k);  // a prefill chunk's buffer is not kept through decoding
-    assign_shrinking(L.chunk_v, v);
+    stage_.swap_into(L.chunk_k, L.chunk_v);
     L.chunk_tokens = n;
     std::int64_t t = 0;
     for (; t < n && L.sinks_held < SinkTokens; ++t, ++L.sinks_held) {
@@ -412,6 +422,7 @@ class PagedEvictStore {
   BlockLayout layout_;
   BlockHeader proto_;
   std::vector<Layer> layers_;
+  ChunkStage stage_;  // the append in progress, checked (stage_chunk)
 };
 
 }  // namespace kvpack::pool_detail

@@ -216,9 +216,8 @@ class EvictingPagedCache {
       return fail(Errc::capacity_exceeded, at + " has seen " + std::to_string(L.total) + " tokens; cache indices are int32");
     for (std::size_t t = 0; t < positions.size(); ++t)
       if (positions[t] < 0) return fail(Errc::invalid_argument, at + ": negative position at token " + std::to_string(t));
-    if (Status c = cache_detail::check_finite_rows(shape(), layer, L.total, k, "K"); !c) return c;
-    if (Status c = cache_detail::check_finite_rows(shape(), layer, L.total, v, "V"); !c) return c;
     return catch_alloc("append", 0, [&]() -> Status {
+      if (Status c = q.store.stage_chunk(layer, k, v); !c) return c;  // NaN/Inf, in the copy's pass
       q.store.reserve_append(layer, n, q.hook);  // every allocation below, before any change
       return st_->with_pages(q, layer, n == 1 && compacts(q, layer), "append", [&]() -> Status {
         if (Status b = q.hook.before_append(q.store, q.ws, layer, n); !b) return b;  // fails before any change
