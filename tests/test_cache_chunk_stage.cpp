@@ -2,7 +2,7 @@
 // std::isfinite at odd sizes and every position, and KVCache keeping each layer's latest chunk
 // exact while the staged buffers are swapped between layers, with the stage counted in
 // allocated_bytes and a rejected append changing nothing; prefill-sized buffers (latest-chunk
-// copies, pending rows) released once decoding runs (assign_shrinking, PendingRows::shrink_for).
+// copies, pending rows) released once decoding runs (ChunkStage, PendingRows::shrink_for).
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -51,19 +51,6 @@ TEST(CopyFinite, CopiesEveryValueAndFindsEachNonFiniteOne) {
         EXPECT_TRUE(same_bits(src, dst)) << "the copy completes: " << n << " at " << at;
       }
   }
-}
-
-TEST(ShrinkBuffers, AssignShrinkingReleasesOnlyAPrefillSizedBuffer) {
-  const auto small = kvtest::normal(128, 1);
-  std::vector<float> dst(600 * 128, 1.f);  // a 600-token chunk of one KV head pair: 300 KiB
-  assign_shrinking(dst, small);
-  EXPECT_TRUE(same_bits(dst, small));
-  EXPECT_LT(dst.capacity(), 4 * small.size() + 1);
-  std::vector<float> modest(4000, 1.f);  // 16 KiB: below the threshold, kept
-  const float* before = modest.data();
-  assign_shrinking(modest, small);
-  EXPECT_TRUE(same_bits(modest, small));
-  EXPECT_EQ(modest.data(), before);
 }
 
 TEST(ShrinkBuffers, PendingRowsShrinkKeepsTheLiveRowsAndScores) {

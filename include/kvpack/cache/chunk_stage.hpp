@@ -9,11 +9,11 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <new>
 #include <span>
 #include <vector>
 
 #include "kvpack/cache/alloc_guard.hpp"
+#include "kvpack/cache/input_checks.hpp"
 #include "kvpack/detail/secure_zero.hpp"
 
 namespace kvpack {
@@ -37,23 +37,6 @@ namespace kvpack {
     top = std::max(top, std::bit_cast<std::uint32_t>(src[i]) & magnitude);
   }
   return top < first_non_finite;
-}
-
-/// dst = src (a latest-chunk copy replaced; dst's capacity already reserved for src), in a
-/// fresh allocation of src's size when dst's buffer is oversized_buffer for it, the old buffer
-/// zeroed and freed; if that allocation fails, dst's own buffer is reused. Never throws.
-inline void assign_shrinking(std::vector<float>& dst, std::span<const float> src) noexcept {
-  if (oversized_buffer(dst.capacity(), src.size())) {
-    try {
-      std::vector<float> fresh(src.begin(), src.end());
-      detail::wipe_vector(dst);
-      dst.swap(fresh);
-      return;
-    } catch (const std::bad_alloc&) {
-      // reuse dst's buffer below
-    }
-  }
-  dst.assign(src.begin(), src.end());  // within capacity: no allocation
 }
 
 /// The staged K and V rows of the append in progress ([n][kv_heads][head_dim] floats each). One
@@ -87,6 +70,19 @@ struct ChunkStage {
     const bool k_ok = copy_finite(kin.data(), k.data(), kin.size());
     const bool v_ok = copy_finite(vin.data(), v.data(), vin.size());
     return !k_ok ? 1 : !v_ok ? 2 : 0;
+  }
+
+  /// First step of an append of rows k, v ([n][kv_heads][head_dim]) to `layer` of a sequence
+  /// holding `held` tokens: reserves, copies and checks them. Errc::non_finite for the first
+  /// NaN/Inf of K, else of V, naming layer, KV head, token and channel (check_finite_rows), the
+  /// stage released and nothing else touched. May throw std::bad_alloc (the stage's growth).
+  [[nodiscard]] Status stage(const ModelShape& shape, int layer, std::int64_t held, std::span<const float> kin,
+                             std::span<const float> vin) {
+    reserve(kin.size());
+    const int bad = fill(kin, vin);
+    if (bad == 0) return {};
+    wipe();
+    return cache_detail::check_finite_rows(shape, layer, held, bad == 1 ? kin : vin, bad == 1 ? "K" : "V");
   }
 
   /// Exchanges the staged rows with a layer's latest-chunk copy (chunk_k, chunk_v); the layer's

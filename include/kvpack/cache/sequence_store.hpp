@@ -22,7 +22,6 @@
 #include "kvpack/cache/demotion_tier.hpp"
 #include "kvpack/cache/exact_segments.hpp"
 #include "kvpack/cache/head_store.hpp"
-#include "kvpack/cache/input_checks.hpp"
 #include "kvpack/cache/pending_rows.hpp"
 #include "kvpack/cache/position_runs.hpp"
 #include "kvpack/cache/shape.hpp"
@@ -264,15 +263,9 @@ class SequenceStore {
     }
   }
 
-  /// First step of an append: copies its rows (k, v: [n][kv_heads][D]) into the stage, checking
-  /// them. Errc::non_finite for the first NaN/Inf of K, else of V (check_finite_rows' message),
-  /// the stage released and nothing else touched. May throw std::bad_alloc (the stage's growth).
+  /// First step of an append: stages and checks its rows (ChunkStage::stage).
   [[nodiscard]] Status stage_chunk(int li, std::span<const float> k, std::span<const float> v) {
-    stage_.reserve(k.size());
-    const int bad = stage_.fill(k, v);
-    if (bad == 0) return {};
-    stage_.wipe();
-    return cache_detail::check_finite_rows(shape_, li, layer(li).total, bad == 1 ? k : v, bad == 1 ? "K" : "V");
+    return stage_.stage(shape_, li, layer(li).total, k, v);
   }
   [[nodiscard]] std::size_t stage_bytes() const noexcept { return stage_.allocated_bytes(); }  ///< the stage's capacity
 

@@ -28,7 +28,6 @@
 #include "kvpack/cache/chunk_stage.hpp"
 #include "kvpack/cache/exact_segments.hpp"
 #include "kvpack/cache/head_store.hpp"
-#include "kvpack/cache/input_checks.hpp"
 #include "kvpack/cache/pending_rows.hpp"
 #include "kvpack/cache/shape.hpp"
 #include "kvpack/detail/secure_zero.hpp"
@@ -282,13 +281,9 @@ class PagedEvictStore {
     H = std::move(fresh);
   }
 
-  /// First step of an append: copies and checks its rows (SequenceStore::stage_chunk).
+  /// First step of an append: stages and checks its rows (ChunkStage::stage).
   [[nodiscard]] Status stage_chunk(int li, std::span<const float> k, std::span<const float> v) {
-    stage_.reserve(k.size());
-    const int bad = stage_.fill(k, v);
-    if (bad == 0) return {};
-    stage_.wipe();
-    return cache_detail::check_finite_rows(shape_, li, layer(li).total, bad == 1 ? k : v, bad == 1 ? "K" : "V");
+    return stage_.stage(shape_, li, layer(li).total, k, v);
   }
 
   /// Stores n appended tokens (k, v: [n][kv_heads][D], staged by stage_chunk; pos: [n]): sinks

@@ -169,7 +169,7 @@ class BasicPagedCache {
       // then change: nothing below the take allocates, and `spare` returns its pages if anything
       // throws before they are used.
       ChunkStage& stage = (*s)->stage;
-      if (Status c = pool_detail::stage_rows(stage, shape(), layer, L.total, k, v); !c) return c;  // NaN/Inf
+      if (Status c = stage.stage(shape(), layer, L.total, k, v); !c) return c;  // NaN/Inf, in the copy's pass
       pool_detail::reserve_append<codec_hook>(L, positions, row_floats(), sink_tokens, residual_tokens, block_tokens,
                                               S.hist_cap, shape().head_dim);
       SparePages spare(*st_->pool);

@@ -25,7 +25,6 @@
 #include "kvpack/cache/block.hpp"
 #include "kvpack/cache/chunk_stage.hpp"
 #include "kvpack/cache/exact_segments.hpp"
-#include "kvpack/cache/input_checks.hpp"
 #include "kvpack/cache/pending_rows.hpp"
 #include "kvpack/cache/position_runs.hpp"
 #include "kvpack/cache/shape.hpp"
@@ -259,19 +258,6 @@ inline std::int64_t push(PagedLayer& L, std::span<const float> k, std::span<cons
   }
   L.total += n;
   return first;
-}
-
-/// First step of an append: copies its rows into `stage`, checking them in the same pass.
-/// Errc::non_finite for the first NaN/Inf of K, else of V, naming layer, KV head, token and
-/// channel (cache index from `held`), the stage released and nothing else touched. May throw
-/// std::bad_alloc (the stage's growth; no sequence state changes).
-[[nodiscard]] inline Status stage_rows(ChunkStage& stage, const ModelShape& shape, int layer, std::int64_t held,
-                                       std::span<const float> k, std::span<const float> v) {
-  stage.reserve(k.size());
-  const int bad = stage.fill(k, v);
-  if (bad == 0) return {};
-  stage.wipe();
-  return cache_detail::check_finite_rows(shape, layer, held, bad == 1 ? k : v, bad == 1 ? "K" : "V");
 }
 
 /// The changing half of PagedCache::append (rows staged, everything reserved, `spare` holding
