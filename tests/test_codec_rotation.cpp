@@ -9,6 +9,8 @@
 //    (float64 on the cache's read_back, rotated back, plus the exact current chunk, to 1e-5), and
 //    every read-back row is within the codec's bound applied in the rotated basis:
 //    ||k̂ - k||_2 <= sqrt(Σ_d b_d^2), b_d the half-step bound of the group holding channel d of R k;
+//  * values-only rotation (Rotate<R, true, false>, the choice for PreRope<> caches) stores keys
+//    bit for bit as the unrotated cache does and values within the bound in the rotated basis;
 //  * errors pass through (wrong sizes, NaN) and read_back returns the caller's basis.
 #include <gtest/gtest.h>
 
@@ -120,6 +122,7 @@ TEST(RotatedCache, Fp32AttentionEqualsExactFloat64) {
     exact_attention<Rotated<KVCache<>>>(D);
     exact_attention<Rotated<KVCache<>, Rotate<SignedHadamard>>>(D);
     exact_attention<Rotated<KVCache<Sinks<2>, Residual<4>>, Rotate<Hadamard, false>>>(D);
+    exact_attention<Rotated<KVCache<Sinks<2>, Residual<4>>, Rotate<Hadamard, true, false>>>(D);
   }
 }
 
@@ -132,7 +135,8 @@ using RotatedCaches = ::testing::Types<
     Rotated<KVCache<Keys<Int4<Group<16>>>, Values<Int4<Group<16>>>>>,
     Rotated<KVCache<Keys<Int3<Group<16>>>, Values<Int2<Group<16>>>, Sinks<2>>, Rotate<SignedHadamard>>,
     Rotated<KVCache<Keys<Int2<Group<32>>, PerChannel>, Values<Int2<Group<16>>>, Residual<8>>>,
-    Rotated<KVCache<Keys<Int2<Group<32>>, PerChannel>, Values<Int4<Group<16>>>, Backend<Scalar>>, Rotate<Hadamard, false>>>;
+    Rotated<KVCache<Keys<Int2<Group<32>>, PerChannel>, Values<Int4<Group<16>>>, Backend<Scalar>>, Rotate<Hadamard, false>>,
+    Rotated<KVCache<Keys<Int4<Group<16>>, PerChannel>, Values<Int4<Symmetric, Group<16>>>, Sinks<2>>, Rotate<Hadamard, true, false>>>;
 TYPED_TEST_SUITE(RotatedQuantized, RotatedCaches);
 
 TYPED_TEST(RotatedQuantized, KernelExactOnReadBackAndRowsWithinCodecBound) {
@@ -178,6 +182,54 @@ TYPED_TEST(RotatedQuantized, KernelExactOnReadBackAndRowsWithinCodecBound) {
           ASSERT_LE(std::sqrt(err2), std::sqrt(bound2) + 1e-6 * std::sqrt(norm2)) << "token " << t << " head " << kh;
         }
       }
+    }
+  }
+}
+
+// Values only (Rotate<R, true, false>): keys are stored exactly as the unrotated twin stores them
+// (bit-identical read_back), values are rotated (read_back differs from the twin's, and every
+// value row is within the codec's bound applied in the rotated basis).
+TEST(RotatedCache, ValuesOnlyLeavesKeysAlone) {
+  using Inner = KVCache<Keys<Int4<Group<16>>>, Values<Int4<Symmetric, Group<16>>>>;
+  using Codec = Inner::value_codec;
+  constexpr int D = 64, G = Codec::group_size;
+  const ModelShape shape{.layers = 1, .q_heads = 4, .kv_heads = 2, .head_dim = D, .max_tokens = 256};
+  auto rot = Rotated<Inner, Rotate<Hadamard, true, false>>::create(shape).value();
+  auto twin = Inner::create(shape).value();
+  std::vector<float> k = kvtest::normal(96u * 2 * D, 41), v = kvtest::normal(96u * 2 * D, 42);
+  for (std::size_t i = 3; i < v.size(); i += D) v[i] *= 12.f;  // an outlier value channel
+  std::vector<std::int32_t> pos(96);
+  for (int t = 0; t < 96; ++t) pos[static_cast<std::size_t>(t)] = t;
+  for (const auto& [first, n] : {std::pair<std::size_t, std::size_t>{0, 95}, {95, 1}}) {  // a prefill chunk, then a decode token
+    const std::span<const float> kc(k.data() + first * 2 * D, n * 2 * D), vc(v.data() + first * 2 * D, n * 2 * D);
+    const std::span<const std::int32_t> pc(pos.data() + first, n);
+    ASSERT_TRUE(rot.append(0, kc, vc, pc));
+    ASSERT_TRUE(twin.append(0, kc, vc, pc));
+  }
+  ASSERT_GT(rot.quantized_tokens(0), 0);
+  for (int kh = 0; kh < 2; ++kh) {
+    const auto a = rot.read_back(0, kh), b = twin.read_back(0, kh);
+    ASSERT_TRUE(a && b);
+    EXPECT_EQ(a->k, b->k);
+    EXPECT_NE(a->v, b->v);
+    for (std::size_t i = 0; i < a->indices.size(); ++i) {
+      const auto t = static_cast<std::size_t>(a->indices[i]);
+      if (static_cast<std::int64_t>(t) >= rot.quantized_tokens(0)) continue;
+      std::vector<float> rv(v.begin() + static_cast<std::ptrdiff_t>((t * 2 + static_cast<std::size_t>(kh)) * D),
+                            v.begin() + static_cast<std::ptrdiff_t>((t * 2 + static_cast<std::size_t>(kh) + 1) * D));
+      rotate_row<Hadamard>(rv.data(), D);
+      double bound2 = 0, err2 = 0;
+      for (int g = 0; g < D / G; ++g) {
+        double lo = INFINITY, hi = -INFINITY;
+        for (int d = g * G; d < (g + 1) * G; ++d) lo = std::min<double>(lo, rv[static_cast<std::size_t>(d)]), hi = std::max<double>(hi, rv[static_cast<std::size_t>(d)]);
+        const double e = kvpack::codec_ref::int_error_bound<Codec>(lo, hi);
+        bound2 += e * e * G;
+      }
+      for (int d = 0; d < D; ++d) {
+        const double e = a->v[i * D + static_cast<std::size_t>(d)] - v[(t * 2 + static_cast<std::size_t>(kh)) * D + static_cast<std::size_t>(d)];
+        err2 += e * e;
+      }
+      ASSERT_LE(std::sqrt(err2), std::sqrt(bound2) + 1e-5) << "token " << t << " head " << kh;
     }
   }
 }

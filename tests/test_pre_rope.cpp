@@ -4,7 +4,7 @@
 // own dequantized pre-RoPE keys (read_back) and the queries in double precision, then attends
 // causally: odd chunk sizes (1, 31, 33, 95), GQA, both pairings, partial rotary dims, sinks and
 // residual windows, per-channel keys, eviction (positions kept after eviction, ranks renumbered),
-// split-K over two threads, and the scalar and SIMD kernels.
+// split-K over two threads, the scalar and SIMD kernels, and values-only Hadamard rotation.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -163,6 +163,40 @@ TYPED_TEST(PreRopeVsRef64, SplitKOverTwoThreads) {
     h.append(0, prerope_spaced(300 + t, 1), 40 + static_cast<uint32_t>(t));
     EXPECT_LE(h.attend_error(0, 1, 90 + static_cast<uint32_t>(t)), 1e-5) << "step " << t;
   }
+}
+
+// Values-only Hadamard rotation (Rotate<R, true, false>) over a PreRope cache: keys stay before
+// RoPE and unrotated, values are stored rotated and the output rotated back; the float64
+// reference on read_back (values in the caller's basis) holds as for the plain caches. Both
+// position modes, sinks and per-channel keys (the <= 4.5-bit configuration of issue 20).
+template <class Cache>
+void values_rotated_prerope() {
+  for (const bool neox : {false, true}) {
+    ModelShape s{.layers = 1, .q_heads = 6, .kv_heads = 2, .head_dim = 64, .max_tokens = 4096};
+    s.rope_base = 10000.f, s.rope_neox = neox;
+    RopeHarness<Cache> h(s);
+    uint32_t seed = 21;
+    int64_t total = 0;
+    for (const int n : {1, 31, 33, 95, 1, 1}) {
+      h.append(0, prerope_spaced(total, n), seed++);
+      total += n;
+      EXPECT_LE(h.attend_error(0, std::min(n, 7), seed++), 1e-5) << "neox " << neox << " tokens " << total;
+    }
+    ASSERT_GT(h.cache().quantized_tokens(0), 0);
+  }
+}
+
+// An engine asks takes_pre_rope_v whether to hand keys before RoPE: the adaptor must say so.
+static_assert(takes_pre_rope_v<Rotated<KVCache<PreRope<>>, Rotate<Hadamard, true, false>>>);
+static_assert(!takes_pre_rope_v<Rotated<KVCache<>, Rotate<Hadamard, true, false>>>);
+
+TEST(PreRope, ValuesOnlyRotationOriginalPositions) {
+  values_rotated_prerope<Rotated<KVCache<Keys<I4, PerChannel>, Values<Int4<Symmetric, Group<32>>>, Sinks<4>, PreRope<>>,
+                                 Rotate<Hadamard, true, false>>>();
+}
+TEST(PreRope, ValuesOnlyRotationCacheRelative) {
+  values_rotated_prerope<Rotated<KVCache<Keys<I4>, Values<I4>, SinkWindow<4, 60>, PreRope<CacheRelative>>,
+                                 Rotate<SignedHadamard, true, false>>>();
 }
 
 // PreRope with original positions is the post-RoPE cache with the rotation moved inside: an fp32

@@ -86,6 +86,7 @@ class DeviceRotated<Rotated<Cache, Rot>> {
   using inner_type = DeviceCache<Cache>;
   using rotation = typename Rot::rotation;
   static constexpr bool rotates_values = Rot::values;
+  static_assert(Rot::keys, "kvpack::cuda::DeviceRotated: values-only rotation (Rotate<R, true, false>) is host-only so far");
 
   /// Scratch sizes fixed at create.
   struct Options {

@@ -1,4 +1,4 @@
-// Rotated<Cache, Rotate<R, Values>>: a KV cache whose keys (and optionally values) are stored in
+// Rotated<Cache, Rotate<R, Values, Keys>>: a KV cache whose keys and/or values are stored in
 // a rotated basis (issue 20, QuaRot / "incoherence processing"): an orthonormal rotation R spreads
 // outlier channels over a block before the codec quantizes them, so low-bit groups lose less.
 //
@@ -32,19 +32,22 @@
 namespace kvpack {
 
 /// Rotation choice for Rotated<>: R = Hadamard (default) or SignedHadamard; RotateValues: store
-/// values rotated too (default; keys are always rotated).
-template <class R = Hadamard, bool RotateValues = true>
+/// values rotated (default true); RotateKeys: store keys rotated (default true). Values only
+/// (RotateKeys false) is the choice for a PreRope<> cache, whose keys RoPE turns after storage.
+template <class R = Hadamard, bool RotateValues = true, bool RotateKeys = true>
 struct Rotate {
   static_assert(detail::is_rotation_v<R>, "kvpack::Rotate<R, ...>: R must be kvpack::Hadamard or kvpack::SignedHadamard");
+  static_assert(RotateValues || RotateKeys, "kvpack::Rotate<R, RotateValues, RotateKeys>: rotates neither keys nor values");
   using rotation = R;
   static constexpr bool values = RotateValues;
+  static constexpr bool keys = RotateKeys;
 };
 
 namespace detail {
 template <class T>
 inline constexpr bool is_rotate_v = false;
-template <class R, bool V>
-inline constexpr bool is_rotate_v<Rotate<R, V>> = true;
+template <class R, bool V, bool K>
+inline constexpr bool is_rotate_v<Rotate<R, V, K>> = true;
 }  // namespace detail
 
 /// A KV cache (any kvpack::KVCache<...>) with rotated keys (and values): see the file comment.
@@ -55,13 +58,22 @@ class Rotated : public CacheAdaptor<Cache> {
   using Base = CacheAdaptor<Cache>;
   using Base::inner_;
 
-  static_assert(detail::is_rotate_v<Rot>, "kvpack::Rotated<Cache, Rot>: Rot must be kvpack::Rotate<R, RotateValues>");
-  static_assert(!takes_pre_rope_v<Cache>, "kvpack::Rotated<Cache, Rot>: a PreRope<> cache rotates keys by RoPE after "
-                                          "this rotation, and the two do not commute; use a post-RoPE cache");
+  static_assert(detail::is_rotate_v<Rot>, "kvpack::Rotated<Cache, Rot>: Rot must be kvpack::Rotate<R, RotateValues, RotateKeys>");
+  static_assert(!takes_pre_rope_v<Cache> || !Rot::keys,
+                "kvpack::Rotated<Cache, Rot>: a PreRope<> cache rotates keys by RoPE after "
+                "this rotation, and the two do not commute; use a post-RoPE cache or Rotate<R, true, false> (values only)");
 
  public:
   using rotation = typename Rot::rotation;
   static constexpr bool rotates_values = Rot::values;
+  static constexpr bool rotates_keys = Rot::keys;
+  /// A PreRope<> inner cache (values-only rotation): the caller hands keys and queries before RoPE.
+  static constexpr bool pre_rope = takes_pre_rope_v<Cache>;
+  /// ... and whether it rotates keys at their rank among the held tokens (PreRope<CacheRelative>).
+  static constexpr bool rope_cache_relative = [] {
+    if constexpr (requires { Cache::rope_cache_relative; }) return static_cast<bool>(Cache::rope_cache_relative);
+    else return false;
+  }();
 
   /// Creates the inner cache (its errors returned as they are); extra arguments go to its create.
   template <class... A>
@@ -71,26 +83,25 @@ class Rotated : public CacheAdaptor<Cache> {
     return Result<Rotated>(Rotated(std::move(c).value()));
   }
 
-  /// Appends like Cache::append; k (and v) are rotated per head row first. Sizes that are not
+  /// Appends like Cache::append; k and/or v are rotated per head row first. Sizes that are not
   /// whole head rows go to the inner cache unrotated, which rejects them.
   Status append(int layer, std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> positions) {
     const auto D = static_cast<std::size_t>(inner_.shape().head_dim);
     if (D == 0 || k.size() % D != 0 || v.size() % D != 0) return inner_.append(layer, k, v, positions);
-    rotated(k, kbuf_);
-    if constexpr (rotates_values) {
-      rotated(v, vbuf_);
-      return inner_.append(layer, kbuf_, vbuf_, positions);
-    } else {
-      return inner_.append(layer, kbuf_, v, positions);
-    }
+    std::span<const float> ks = k, vs = v;
+    if constexpr (rotates_keys) ks = rotated(k, kbuf_);
+    if constexpr (rotates_values) vs = rotated(v, vbuf_);
+    return inner_.append(layer, ks, vs, positions);
   }
 
-  /// Attends like Cache::attend: q is rotated, the output rotated back (values rotated).
+  /// Attends like Cache::attend: q is rotated (keys rotated), the output rotated back (values
+  /// rotated).
   Status attend(int layer, std::span<const float> q, std::span<float> out) {
     const auto D = static_cast<std::size_t>(inner_.shape().head_dim);
     if (D == 0 || q.size() % D != 0) return inner_.attend(layer, q, out);
-    rotated(q, qbuf_);
-    Status s = inner_.attend(layer, qbuf_, out);
+    std::span<const float> qs = q;
+    if constexpr (rotates_keys) qs = rotated(q, qbuf_);
+    Status s = inner_.attend(layer, qs, out);
     if constexpr (rotates_values) {
       if (s)
         for (std::size_t r = 0; r < out.size() / D; ++r) unrotate_row<rotation>(out.data() + r * D, static_cast<int>(D));
@@ -104,7 +115,7 @@ class Rotated : public CacheAdaptor<Cache> {
     if (!c) return c;
     const int D = inner_.shape().head_dim;
     for (std::size_t r = 0; r < c->k.size() / static_cast<std::size_t>(D); ++r) {
-      unrotate_row<rotation>(c->k.data() + r * static_cast<std::size_t>(D), D);
+      if constexpr (rotates_keys) unrotate_row<rotation>(c->k.data() + r * static_cast<std::size_t>(D), D);
       if constexpr (rotates_values) unrotate_row<rotation>(c->v.data() + r * static_cast<std::size_t>(D), D);
     }
     return c;
@@ -124,12 +135,13 @@ class Rotated : public CacheAdaptor<Cache> {
  private:
   explicit Rotated(Cache c) : Base(std::move(c)) {}
 
-  /// buf = x with every head row (D consecutive floats) rotated by R.
-  void rotated(std::span<const float> x, std::vector<float>& buf) {
+  /// buf = x with every head row (D consecutive floats) rotated by R; returns buf.
+  std::span<const float> rotated(std::span<const float> x, std::vector<float>& buf) {
     const int D = inner_.shape().head_dim;
     buf.assign(x.begin(), x.end());
     for (std::size_t r = 0; r < buf.size() / static_cast<std::size_t>(D); ++r)
       rotate_row<rotation>(buf.data() + r * static_cast<std::size_t>(D), D);
+    return buf;
   }
 
   std::vector<float> kbuf_, vbuf_, qbuf_;
