@@ -45,6 +45,11 @@ struct BlockRef {
   /// Caches that reuse slots (eviction, with `valid` set): the cache index of slot t (-1 when
   /// free), where AttendArgs::bias is read for it. Null: a masked block gets no bias.
   const std::int32_t* slot_index = nullptr;
+  /// PreRope, original positions, payloads without slot positions (BlockLayout::pos_bytes 0:
+  /// caches without eviction keep them per layer, run-length coded): slot t's position is
+  /// pos[t] when set (the block spans a jump in the caller's positions), else pos_base + t.
+  const std::int32_t* pos = nullptr;
+  std::int64_t pos_base = 0;
 };
 
 /// Everything one KV head holds, in cache-index order.

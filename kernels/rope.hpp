@@ -83,9 +83,10 @@ inline void rope_exact_rows(const RopeArgs& r, const ExactRows& rows, std::int64
 }
 
 /// Rotates the dequantized keys of slots [t0, t0 + n) of block b, row t at tile + t * D, each at
-/// its position: the one stored in the payload (original), or its rank among the head's held
-/// tokens (cache-relative: b.slot_rank[slot] when set, else b.rank + slot). Slots masked out by
-/// b.valid are skipped.
+/// its position: the one stored in the payload, or given by the ref when the payload holds none
+/// (original: b.pos[slot] or b.pos_base + slot), or its rank among the head's held tokens
+/// (cache-relative: b.slot_rank[slot] when set, else b.rank + slot). Slots masked out by b.valid
+/// are skipped.
 inline void rope_block_rows(const RopeArgs& r, const BlockRef& b, const BlockLayout& L, int t0, int n, float* tile,
                             int D) noexcept {
   for (int t = 0; t < n; ++t) {
@@ -93,9 +94,13 @@ inline void rope_block_rows(const RopeArgs& r, const BlockRef& b, const BlockLay
     if (b.valid && !((b.valid[slot / 64] >> (slot % 64)) & 1u)) continue;
     std::int64_t pos = b.slot_rank ? b.slot_rank[slot] : b.rank + slot;
     if (!r.relative) {
-      std::int32_t p;
-      std::memcpy(&p, b.data + L.positions + static_cast<std::size_t>(slot) * sizeof p, sizeof p);
-      pos = p;
+      if (L.pos_bytes) {
+        std::int32_t p;
+        std::memcpy(&p, b.data + L.positions + static_cast<std::size_t>(slot) * sizeof p, sizeof p);
+        pos = p;
+      } else {
+        pos = b.pos ? std::int64_t{b.pos[slot]} : b.pos_base + slot;
+      }
     }
     rope_row(tile + static_cast<std::size_t>(t) * static_cast<std::size_t>(D), r, pos);
   }

@@ -1,6 +1,6 @@
 // Positions without a per-slot int32 (issue 20): PositionRuns' run-length coding, and caches
-// without eviction or PreRope keeping one run list per layer instead of 4 bytes per token and KV
-// head in every block; evicting and PreRope caches still store slot positions.
+// without eviction (PreRope included) keeping one run list per layer instead of 4 bytes per token
+// and KV head in every block; evicting caches still store slot positions.
 #include <gtest/gtest.h>
 
 #include <climits>
@@ -91,7 +91,7 @@ using Evicting = KVCache<Keys<Int8<Group<32>>>, Values<Int8<Group<32>>>, H2O<8, 
 using Rotating = KVCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, PreRope<>>;
 
 static_assert(!Dense::slot_positions && !DenseKivi::slot_positions);
-static_assert(Evicting::slot_positions && Rotating::slot_positions);
+static_assert(Evicting::slot_positions && !Rotating::slot_positions);
 
 ModelShape shape() { return {.layers = 2, .q_heads = 4, .kv_heads = 2, .head_dim = 64, .max_tokens = 512}; }
 
@@ -150,12 +150,20 @@ TEST(CachePositions, DenseBlocksHoldNoPositions) {
   EXPECT_EQ(d.memory_bytes() - c.memory_bytes(), 2 * 7 * sizeof(PositionRuns::Run));
 }
 
-TEST(CachePositions, EvictingAndPreRopeCachesStoreSlotPositions) {
+TEST(CachePositions, EvictingCachesStoreSlotPositions) {
   auto e = Evicting::create(shape()).value();
   EXPECT_EQ(e.block_layout().pos_bytes, sizeof(std::int32_t));
+}
+
+// PreRope caches keep runs too (test_pre_rope.cpp checks their attention against float64 with
+// consecutive, jumping and per-token positions).
+TEST(CachePositions, PreRopeBlocksHoldNoPositions) {
   auto r = Rotating::create(shape()).value();
-  EXPECT_EQ(r.block_layout().pos_bytes, sizeof(std::int32_t));
+  EXPECT_EQ(r.block_layout().pos_bytes, 0u);
   expect_positions_read_back<Rotating>(irregular(160));
+  auto c = Rotating::create(shape()).value();
+  fill(c, kvtest::iota_positions(0, 160));
+  EXPECT_EQ(c.block_positions(0).runs().size(), 1u);
 }
 
 // Block storage is the codec's bits per value exactly, once the 16-byte block headers (0.06 bits

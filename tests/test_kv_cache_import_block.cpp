@@ -106,23 +106,27 @@ TEST(KvCacheImportBlock, PayloadWithoutPositionsImportsIndices) {
   for (int t = 0; t < 64; ++t) EXPECT_EQ(rb.positions[static_cast<std::size_t>(t)], t);
 }
 
-// A PreRope cache's payload stores each slot's position (its kernel rotates keys at them): a
-// negative one is refused and changes nothing.
-TEST(KvCacheImportBlock, NegativeStoredPositionIsRefused) {
+// A PreRope cache keeps positions per layer too (its kernels get a base per block): imported
+// blocks take their cache indices, so a cache filled at positions 0.. attends bit-identically
+// to the one it imported from.
+TEST(KvCacheImportBlock, PreRopeImportsIndicesAsPositions) {
   using Rope = kvpack::KVCache<kvpack::Keys<kvpack::Int4<kvpack::Group<32>>>, kvpack::Values<kvpack::Int4<kvpack::Group<32>>>,
                                kvpack::Blocks<32>, kvpack::PreRope<>>;
-  static_assert(Rope::slot_positions);
+  static_assert(!Rope::slot_positions);
   Rope a = Rope::create(import_shape()).value();
-  import_fill(a, 0, 32);
-  auto negative = import_payloads(a, 0, 0);
-  ASSERT_EQ(a.block_layout().pos_bytes, sizeof(std::int32_t));
+  import_fill(a, 0, 64);
   Rope b = Rope::create(import_shape()).value();
-  ASSERT_TRUE(b.import_block(0, negative));  // as exported: accepted
-  Rope c = Rope::create(import_shape()).value();
-  const std::int32_t minus = -1;
-  std::memcpy(negative.data() + c.block_layout().positions, &minus, sizeof minus);
-  EXPECT_EQ(c.import_block(0, negative).error().code, kvpack::Errc::invalid_argument);
-  EXPECT_EQ(c.tokens(0), 0);
+  for (std::size_t blk = 0; blk < 2; ++blk) ASSERT_TRUE(b.import_block(0, import_payloads(a, 0, blk)));
+  EXPECT_EQ(b.block_positions(0).runs().size(), 1u);
+  std::vector<float> kv(2 * 64, 0.25f);
+  const std::vector<int32_t> next{64};
+  ASSERT_TRUE(a.append(0, kv, kv, next));
+  ASSERT_TRUE(b.append(0, kv, kv, next));
+  std::vector<float> q(4 * 64), oa(q.size()), ob(q.size());
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.5f * static_cast<float>(i));
+  ASSERT_TRUE(a.attend(0, q, oa));
+  ASSERT_TRUE(b.attend(0, q, ob));
+  EXPECT_EQ(oa, ob);
 }
 
 }  // namespace

@@ -152,6 +152,23 @@ TYPED_TEST(PreRopeVsRef64, OddChunksThenDecode) {
     }
 }
 
+// Positions in runs (PreRope caches without eviction keep them per layer, a base per block): long
+// consecutive runs, a jump inside a block, a jump back, then decode; every attend checked.
+TYPED_TEST(PreRopeVsRef64, RunsWithJumps) {
+  ModelShape s{.layers = 1, .q_heads = 4, .kv_heads = 2, .head_dim = 64, .max_tokens = 4096};
+  s.rope_base = 10000.f;
+  RopeHarness<TypeParam> h(s);
+  uint32_t seed = 5;
+  int32_t next = 0;
+  for (const auto& [n, jump] : {std::pair<int, int32_t>{95, 0}, {33, 700}, {31, -600}, {1, 0}, {1, 3}, {64, 0}, {1, 0}}) {
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    next += jump;
+    for (auto& p : pos) p = next++;
+    h.append(0, pos, seed++);
+    EXPECT_LE(h.attend_error(0, std::min(n, 5), seed++), 1e-5) << "chunk " << n << " after a jump of " << jump;
+  }
+}
+
 // Split-K over two threads runs the same rotations (ranks and positions per chunk of blocks).
 TYPED_TEST(PreRopeVsRef64, SplitKOverTwoThreads) {
   ModelShape s{.layers = 1, .q_heads = 9, .kv_heads = 3, .head_dim = 64, .max_tokens = 4096};

@@ -123,9 +123,9 @@ class KVCache {
   using store_type = SequenceStore<codec_hook, sink_tokens, residual_tokens, evicts, tier_type>;
   static constexpr bool pre_rope = RopeP::enabled;  ///< PreRope<>: keys and queries arrive before RoPE
   static constexpr bool rope_cache_relative = RopeP::cache_relative;
-  /// Whether block slots store their int32 positions (eviction reuses slots; PreRope's kernel reads
-  /// them); otherwise each layer keeps them once, run-length coded (block_positions()).
-  static constexpr bool slot_positions = evicts || pre_rope;
+  /// Whether block slots store their int32 positions (eviction reuses slots); otherwise each layer
+  /// keeps them once, run-length coded (block_positions(); PreRope's kernels get a base per block).
+  static constexpr bool slot_positions = evicts;
 
   static_assert(cache_detail::check_policies<
       offloads, evicts, demotes, keys_per_channel, codec_hook::commit_unit, codec_hook::required_block_tokens,
@@ -399,7 +399,7 @@ class KVCache {
   }
 
  private:
-  explicit KVCache(const ModelShape& shape) : store_(shape, block_tokens, slot_positions) { hook_.init(shape), rope_.init(shape); }
+  explicit KVCache(const ModelShape& shape) : store_(shape, block_tokens, slot_positions) { hook_.init(shape), rope_.init(shape, slot_positions); }
 
   // attend() over the executor: one kernel job per KV head, cut into split-K chunks.
   void attend_parallel(int layer, std::span<const float> q, std::span<float> out, std::int64_t n_q, int group) {

@@ -120,7 +120,7 @@ struct DecodeSmem {
 template <class HostCache>
 [[nodiscard]] DecodeSmem decode_smem_for(int head_dim, int group) {
   const BlockLayout L = make_block_layout<typename HostCache::key_codec, typename HostCache::value_codec, false>(
-      HostCache::block_tokens, head_dim, HostCache::slot_positions);
+      HostCache::block_tokens, head_dim, HostCache::slot_positions || HostCache::pre_rope);  // DeviceCache's layout
   return decode_smem(L, decode_heads_per_cta(group));
 }
 

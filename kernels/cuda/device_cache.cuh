@@ -105,6 +105,10 @@ class DeviceCache {
   static_assert(!pre_rope || !HostCache::rope_cache_relative,
                 "kvpack::cuda::DeviceCache: PreRope<CacheRelative> rotates keys at their rank among the tokens "
                 "held after eviction, and the device cache has no eviction; use PreRope<OriginalPositions>");
+  /// Whether device blocks end with an int32 position per slot: the host's choice
+  /// (KVCache::slot_positions), and always with PreRope, whose decode kernel reads them (a host
+  /// PreRope cache keeps them per layer: upload and compare convert, device_compare.cuh).
+  static constexpr bool slot_positions = HostCache::slot_positions || pre_rope;
   static_assert(!HostCache::keys_per_channel,
                 "kvpack::cuda::DeviceCache: per-channel keys (Keys<Codec, PerChannel>) are not implemented on the "
                 "device; use per-token keys");
@@ -148,7 +152,7 @@ class DeviceCache {
     c.shape_ = shape;
     c.stream_ = stream;
     c.device_ = device;
-    c.layout_ = make_block_layout<key_codec, value_codec, false>(block_tokens, shape.head_dim, HostCache::slot_positions);
+    c.layout_ = make_block_layout<key_codec, value_codec, false>(block_tokens, shape.head_dim, slot_positions);
     c.stride_ = static_cast<std::int64_t>((c.layout_.bytes + 255) / 256 * 256);
     c.max_blocks_ = static_cast<int>((shape.max_tokens + block_tokens - 1) / block_tokens);
     c.words_ = (block_tokens + 63) / 64;

@@ -24,12 +24,14 @@ namespace device_detail {
 }  // namespace device_detail
 
 /// Every block of `dev` equals the host cache's byte for byte (codes, metadata, positions, and
-/// unused slots, zero on both sides), and the validity bits equal the host's token counts. OK, or
+/// unused slots, zero on both sides; a PreRope host keeps positions per layer, and the device's
+/// slot positions must equal them), and the validity bits equal the host's token counts. OK, or
 /// Errc::corrupt_data naming the first difference (layer, KV head, block, byte and section).
 template <class HostCache>
 Status compare_device_blocks(const DeviceCache<HostCache>& dev, const HostCache& host) {
   const ModelShape& shape = dev.shape();
   const BlockLayout& L = dev.layout();
+  const std::size_t host_bytes = host.block_layout().bytes;  // L.bytes, or L.positions when only the device stores them
   for (int l = 0; l < shape.layers; ++l) {
     for (int h = 0; h < shape.kv_heads; ++h) {
       const std::span<const Block> blocks = host.blocks(l, h);
@@ -40,12 +42,21 @@ Status compare_device_blocks(const DeviceCache<HostCache>& dev, const HostCache&
       for (std::size_t b = 0; b < blocks.size(); ++b) {
         auto bytes = dev.block_bytes(l, h, static_cast<int>(b));
         if (!bytes) return bytes.error();
-        for (std::size_t i = 0; i < L.bytes; ++i)
+        for (std::size_t i = 0; i < host_bytes; ++i)
           if ((*bytes)[i] != blocks[b].data[i])
             return fail(Errc::corrupt_data, at + " block " + std::to_string(b) + " byte " + std::to_string(i) + " (" +
                                                 device_detail::block_section(L, i) + ") differs: host " +
                                                 std::to_string(static_cast<int>(blocks[b].data[i])) + ", device " +
                                                 std::to_string(static_cast<int>((*bytes)[i])));
+        if constexpr (!HostCache::slot_positions && DeviceCache<HostCache>::slot_positions)
+          for (int t = 0; t < HostCache::block_tokens; ++t) {
+            std::int32_t p;
+            std::memcpy(&p, bytes->data() + L.positions + static_cast<std::size_t>(t) * sizeof p, sizeof p);
+            const std::int32_t want = t < blocks[b].header.count ? host.block_positions(l).at(static_cast<std::int64_t>(b) * HostCache::block_tokens + t) : 0;
+            if (p != want)
+              return fail(Errc::corrupt_data, at + " block " + std::to_string(b) + " slot " + std::to_string(t) +
+                                                  ": device position " + std::to_string(p) + ", host " + std::to_string(want));
+          }
         auto words = dev.valid_words(l, h, static_cast<int>(b));
         if (!words) return words.error();
         for (int t = 0; t < HostCache::block_tokens; ++t) {
@@ -72,6 +83,9 @@ Status DeviceCache<HostCache>::upload(const HostCache& host) {
     if (Status s = check_rope_upload(host, shape_, rope_.view().positions); !s) return s;
   std::vector<std::uint64_t> words(static_cast<std::size_t>(shape_.kv_heads) * static_cast<std::size_t>(max_blocks_) *
                                    static_cast<std::size_t>(words_));
+  // A PreRope host keeps positions per layer; the device block ends with them (slot_positions).
+  const std::size_t host_bytes = host.block_layout().bytes;
+  std::vector<std::int32_t> tail(slot_positions && !HostCache::slot_positions ? static_cast<std::size_t>(block_tokens) : 0);
   for (int l = 0; l < shape_.layers; ++l) {
     std::fill(words.begin(), words.end(), 0);
     KVPACK_CUDA_TRY(cudaMemsetAsync(layer_data(l), 0, layer_bytes(), stream_));
@@ -84,9 +98,16 @@ Status DeviceCache<HostCache>::upload(const HostCache& host) {
                                                  std::to_string(max_blocks_));
       std::int64_t head_tokens = 0;
       for (std::size_t b = 0; b < blocks.size(); ++b) {
-        KVPACK_CUDA_TRY(cudaMemcpyAsync(block_ptr(l, h, static_cast<int>(b)), blocks[b].data.get(), layout_.bytes,
+        KVPACK_CUDA_TRY(cudaMemcpyAsync(block_ptr(l, h, static_cast<int>(b)), blocks[b].data.get(), host_bytes,
                                         cudaMemcpyHostToDevice, stream_));
         const int count = blocks[b].header.count;
+        if (!tail.empty()) {
+          for (int t = 0; t < block_tokens; ++t)
+            tail[static_cast<std::size_t>(t)] = t < count ? host.block_positions(l).at(static_cast<std::int64_t>(b) * block_tokens + t) : 0;
+          KVPACK_CUDA_TRY(cudaMemcpyAsync(block_ptr(l, h, static_cast<int>(b)) + layout_.positions, tail.data(),
+                                          tail.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream_));
+          KVPACK_CUDA_TRY(cudaStreamSynchronize(stream_));  // `tail` is reused for the next block
+        }
         for (int t = 0; t < count; ++t)
           words[(static_cast<std::size_t>(h) * static_cast<std::size_t>(max_blocks_) + b) * static_cast<std::size_t>(words_) +
                 static_cast<std::size_t>(t / 64)] |= std::uint64_t{1} << (t % 64);

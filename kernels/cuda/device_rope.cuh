@@ -83,9 +83,23 @@ class DeviceRopeTable {
   std::size_t bytes_ = 0;
 };
 
+/// Position of slot t of block b of (layer l, KV head h) in a host cache without eviction: from the
+/// payload when its blocks store them (layout L), else from the layer's runs (KVCache::block_positions).
+template <class HostCache>
+[[nodiscard]] std::int32_t host_slot_position(const HostCache& host, const BlockLayout& L, int l, int h, std::size_t b, int t) {
+  if constexpr (HostCache::slot_positions) {
+    std::int32_t p;
+    std::memcpy(&p, host.blocks(l, h)[b].data.get() + L.positions + static_cast<std::size_t>(t) * sizeof p, sizeof p);
+    return p;
+  } else {
+    (void)L, (void)h;
+    return host.block_positions(l).at(static_cast<std::int64_t>(b) * HostCache::block_tokens + t);
+  }
+}
+
 /// Checks, before an upload changes anything, that a PreRope host cache's RoPE matches the
 /// device cache's shape (rope_base, rope_dims, rope_neox: Errc::invalid_argument otherwise) and
-/// that every position stored in its blocks lies in [0, positions) (Errc::invalid_argument naming
+/// that every position of its blocks' slots lies in [0, positions) (Errc::invalid_argument naming
 /// layer, KV head, block, slot and position).
 template <class HostCache>
 [[nodiscard]] Status check_rope_upload(const HostCache& host, const ModelShape& dev, std::int64_t positions) {
@@ -101,8 +115,7 @@ template <class HostCache>
       const std::span<const Block> blocks = host.blocks(l, h);
       for (std::size_t b = 0; b < blocks.size(); ++b)
         for (int t = 0; t < blocks[b].header.count; ++t) {
-          std::int32_t p;
-          std::memcpy(&p, blocks[b].data.get() + L.positions + static_cast<std::size_t>(t) * sizeof p, sizeof p);
+          const std::int32_t p = host_slot_position(host, L, l, h, b, t);
           if (p < 0 || p >= positions)
             return fail(Errc::invalid_argument, "DeviceCache::upload: layer " + std::to_string(l) + " kv head " +
                                                     std::to_string(h) + " block " + std::to_string(b) + " slot " +

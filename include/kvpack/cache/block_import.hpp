@@ -18,15 +18,16 @@ namespace kvpack {
 
 /// Appends one full block per KV head to layer `li` of `store` (a store without eviction or
 /// sinks). payloads: [kv_heads][layout().bytes] bytes, KV head 0 first, as blocks(layer, h)[b].data
-/// of a cache of the same type and shape; the block holds cache indices [total, total + B). A
-/// layout without slot positions (pos_bytes 0) gives the block's tokens their cache indices as
-/// positions (what a shared prompt prefix holds). Errc::invalid_argument for a wrong payload size,
-/// a layer holding pending (unquantized) tokens or a partial block, a negative stored position;
-/// Errc::capacity_exceeded past max_tokens. Nothing changes on error; allocation happens before
+/// of a cache of the same type and shape; the block holds cache indices [total, total + B), which
+/// become its tokens' positions (what a shared prompt prefix holds; such stores keep positions
+/// per layer, not in the payload). Errc::invalid_argument for a wrong payload size or a layer
+/// holding pending (unquantized) tokens or a partial block; Errc::capacity_exceeded past max_tokens. Nothing changes on error; allocation happens before
 /// any change, so std::bad_alloc (KVCache::import_block: Errc::out_of_memory) changes nothing either.
 template <class Store>
 [[nodiscard]] Status import_full_block(Store& store, int li, std::span<const std::byte> payloads) {
   static_assert(!Store::evicts && Store::sink_tokens == 0, "import_full_block: dense stores without sinks only");
+  // Dense stores keep positions per layer (KVCache::slot_positions is false without eviction).
+  if (store.layout().pos_bytes != 0) return fail(Errc::unsupported, "import_block: payloads with slot positions");
   const auto bad = [&](std::string m) {
     return fail(Errc::invalid_argument, "import_block: layer " + std::to_string(li) + ": " + std::move(m));
   };
@@ -40,19 +41,13 @@ template <class Store>
     return bad("holds pending tokens or a partial block");
   if (L.total + B > store.shape().max_tokens)
     return fail(Errc::capacity_exceeded, "import_block: layer " + std::to_string(li) + " would exceed max_tokens");
-  for (std::size_t h = 0; h < heads && layout.pos_bytes; ++h)
-    for (int t = 0; t < B; ++t) {
-      std::int32_t p;
-      std::memcpy(&p, payloads.data() + h * bytes + layout.positions + static_cast<std::size_t>(t) * sizeof p, sizeof p);
-      if (p < 0) return bad("negative position in the imported block");
-    }
   std::vector<Block> fresh;  // every allocation first: a failure leaves the layer as it was
   fresh.reserve(heads);
   for (std::size_t h = 0; h < heads; ++h) {
     fresh.push_back(make_block(layout, store.proto()));
     reserve_geometric(L.heads[h].blocks, L.heads[h].blocks.size() + 1);
   }
-  if (layout.pos_bytes == 0) L.block_pos.reserve_runs(1);
+  L.block_pos.reserve_runs(1);
   for (std::size_t h = 0; h < heads; ++h) {  // nothing below allocates
     Block& b = fresh[h];
     std::memcpy(b.data.get(), payloads.data() + h * bytes, bytes);
@@ -63,7 +58,7 @@ template <class Store>
   detail::wipe_vector(L.chunk_k);  // the latest append is no longer the newest tokens
   detail::wipe_vector(L.chunk_v);
   L.chunk_tokens = 0;
-  if (layout.pos_bytes == 0) L.block_pos.push_consecutive(static_cast<std::int32_t>(L.total), B);  // reserved
+  L.block_pos.push_consecutive(static_cast<std::int32_t>(L.total), B);  // reserved
   L.committed += B;
   L.total += B;
   return {};

@@ -1,8 +1,9 @@
 // The RoPE half of a PreRope<> cache (policy.hpp): what KVCache adds so that its kernels rotate
 // pre-RoPE queries and keys (kernels/rope.hpp). It owns the cos/sin table, grows it before an
 // append changes anything, and fills each KV head's kernel arguments with positions: the stored
-// ones (original positions: sinks, pending rows, the latest chunk, block payloads) or ranks among
-// the held tokens (cache-relative). PostRope caches get RopeState<PostRope>, whose calls are no-ops.
+// ones (original positions: sinks, pending rows, the latest chunk, and the blocks' slots: from
+// their payloads with eviction, else from the layer's run-length coded positions, a base per
+// block) or ranks among the held tokens (cache-relative). PostRope caches get RopeState<PostRope>, whose calls are no-ops.
 #pragma once
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "kvpack/cache/alloc_guard.hpp"
+#include "kvpack/cache/position_runs.hpp"
 #include "kvpack/cache/shape.hpp"
 #include "kvpack/kernels/rope.hpp"
 #include "kvpack/policy.hpp"
@@ -30,7 +32,7 @@ inline constexpr bool takes_pre_rope_v = [] {
 template <class RopeP>
 class RopeState {
  public:
-  void init(const ModelShape&) {}
+  void init(const ModelShape&, bool) {}
   void reserve(std::span<const std::int32_t>, std::int64_t) {}
   template <class Layer>
   void decorate(kernels::AttendArgs&, kernels::HeadSegments&, std::vector<kernels::BlockRef>&, const Layer&, int,
@@ -44,7 +46,10 @@ class RopeState<PreRope<Positions>> {
  public:
   static constexpr bool relative = PreRope<Positions>::cache_relative;
 
-  void init(const ModelShape& shape) {
+  /// slot_positions: whether block payloads store their slots' positions (KVCache::slot_positions);
+  /// if not, decorate takes them from the layer's PositionRuns.
+  void init(const ModelShape& shape, bool slot_positions) {
+    slot_positions_ = slot_positions;
     const int dims = shape.rope_dims > 0 ? shape.rope_dims : shape.head_dim;
     table_ = kernels::RopeTable(static_cast<double>(shape.rope_base), dims / 2);
     proto_.pairs = dims / 2;
@@ -83,7 +88,8 @@ class RopeState<PreRope<Positions>> {
     if constexpr (relative) {
       hd.args.q_rank = kernels::assign_rope_ranks(seg, refs, B, slot_token, hd.slot_rank, hd.order) - a.n_q;
     } else {
-      (void)refs, (void)slot_token, (void)B;
+      (void)slot_token;
+      if (!slot_positions_) block_positions(L.block_pos, refs, B, hd.block_pos);
       const std::int32_t* chunk = L.chunk_pos.data();
       seg.sinks.pos = L.sink_pos.empty() ? nullptr : L.sink_pos.data();
       seg.pending.pos = L.pend.positions();
@@ -96,7 +102,8 @@ class RopeState<PreRope<Positions>> {
   /// Bytes of the cos/sin table and the rank scratch (not KV data: KVCache::allocated_bytes).
   [[nodiscard]] std::size_t bytes() const noexcept {
     std::size_t b = table_.bytes();
-    for (const Head& h : heads_) b += h.slot_rank.capacity() * sizeof(std::int32_t) + h.order.capacity() * 8;
+    for (const Head& h : heads_)
+      b += (h.slot_rank.capacity() + h.block_pos.capacity()) * sizeof(std::int32_t) + h.order.capacity() * 8;
     return b;
   }
 
@@ -105,10 +112,45 @@ class RopeState<PreRope<Positions>> {
     kernels::RopeArgs args;
     std::vector<std::int32_t> slot_rank;  // cache-relative, reused slots: rank of each slot
     std::vector<std::int64_t> order;      // ... and the sort buffer
+    std::vector<std::int32_t> block_pos;  // original positions of blocks that span a jump in them
   };
+
+  /// Gives the blocks of a cache without eviction (refs[i] holds the layer's quantized tokens
+  /// [i * B, i * B + count)) their slots' positions from `runs`: a base when a block lies inside
+  /// one run (the common case: one run per layer), else a copy in `spill`. Throws std::bad_alloc
+  /// when `spill` cannot grow (refs unchanged then).
+  static void block_positions(const PositionRuns& runs, std::vector<kernels::BlockRef>& refs, int B,
+                              std::vector<std::int32_t>& spill) {
+    const std::span<const PositionRuns::Run> rs = runs.runs();
+    // Index of the run holding token j, advanced monotonically (blocks come in token order).
+    std::size_t r = 0;
+    auto run_end = [&](std::size_t i) { return i + 1 < rs.size() ? std::int64_t{rs[i + 1].first} : runs.size(); };
+    std::size_t spilled = 0;
+    for (std::size_t i = 0; i < refs.size(); ++i) {
+      const std::int64_t j = static_cast<std::int64_t>(i) * B;
+      while (run_end(r) <= j) ++r;
+      if (j + refs[i].count > run_end(r)) ++spilled;
+    }
+    spill.resize(spilled * static_cast<std::size_t>(B));
+    r = 0, spilled = 0;
+    for (std::size_t i = 0; i < refs.size(); ++i) {
+      kernels::BlockRef& b = refs[i];
+      const std::int64_t j = static_cast<std::int64_t>(i) * B;
+      while (run_end(r) <= j) ++r;
+      if (j + b.count <= run_end(r)) {
+        b.pos = nullptr;
+        b.pos_base = rs[r].position + (j - rs[r].first);
+      } else {
+        std::int32_t* out = spill.data() + spilled++ * static_cast<std::size_t>(B);
+        for (int t = 0; t < b.count; ++t) out[t] = runs.at(j + t);
+        b.pos = out;
+      }
+    }
+  }
   kernels::RopeTable table_;
   kernels::RopeArgs proto_;
   std::vector<Head> heads_;
+  bool slot_positions_ = true;
 };
 
 }  // namespace kvpack
