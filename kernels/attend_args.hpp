@@ -39,7 +39,7 @@ struct BlockRef {
   std::uint8_t flags = 0;  ///< the block's BlockHeader::flags (keyframe delta/plain mode bits)
   /// PreRope, cache-relative positions (kernels/rope.hpp): slot t's rank among the head's held
   /// tokens is slot_rank[t] when set (eviction caches reuse slots), else rank + t. Original
-  /// positions come from the payload.
+  /// positions come from the payload, or from pos / pos_base below.
   std::int64_t rank = 0;
   const std::int32_t* slot_rank = nullptr;
   /// Caches that reuse slots (eviction, with `valid` set): the cache index of slot t (-1 when

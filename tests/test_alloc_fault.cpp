@@ -11,7 +11,8 @@
 // faults, bit for bit. The sweep ends at the first N that the whole sequence never reaches.
 // Caches: quantized with sinks and a residual window, H2O eviction (alone and with a Demote<> low
 // tier), keyframe intervals, BlockSparse (masks and in-place compaction); each on the scalar
-// kernel and the build's SIMD kernel (Backend<Auto>: AVX2, NEON); and Protocol<H2O, FixedBudget>.
+// kernel and the build's SIMD kernel (Backend<Auto>: AVX2, NEON); Protocol<H2O, FixedBudget>; and
+// Rotated<> adaptors (keys and values; values only over a PreRope cache).
 // AllocFaultShrink: the optional allocations that release prefill-sized buffers.
 #include <gtest/gtest.h>
 
@@ -107,7 +108,11 @@ using FaultCaches =
                      // commits the whole prompt before it evicts.
                      KVCache<Keys<Int8<>>, Values<Int4<>>, Blocks<8>, BlockSparse<Tokens<24>, 8, 1, 1>, Backend<Scalar>>,
                      KVCache<Keys<Int8<>>, Values<Int4<>>, Blocks<8>, BlockSparse<Tokens<24>, 8, 1, 1>, Backend<Auto>>,
-                     KVCache<Keys<Int8<>>, Values<Int4<>>, Blocks<16>, Protocol<H2OBudget<Fraction<1, 2>, 2>, FixedBudget>, Backend<Auto>>>;
+                     KVCache<Keys<Int8<>>, Values<Int4<>>, Blocks<16>, Protocol<H2OBudget<Fraction<1, 2>, 2>, FixedBudget>, Backend<Auto>>,
+                     // Rotated<> copies chunks and queries into rotated buffers; over PreRope the
+                     // jumping positions make every attend copy block positions (RopeState).
+                     Rotated<KVCache<Keys<Int4<>>, Values<Int4<>>, Blocks<16>>>,
+                     Rotated<KVCache<Keys<Int8<>>, Values<Int4<>>, Sinks<2>, Blocks<16>, PreRope<>>, Rotate<Hadamard, true, false>>>;
 TYPED_TEST_SUITE(AllocFault, FaultCaches);
 
 TYPED_TEST(AllocFault, EveryFailedAllocationIsAnErrorAndChangesNothing) {

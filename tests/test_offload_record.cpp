@@ -7,7 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "kvpack/kvpack.hpp"
 #include "kvpack/offload/block_header.hpp"
+#include "kvpack/offload/cache_layout.hpp"
+#include "kvpack/offload/remote_page_key.hpp"
 #include "kvpack/offload/block_record.hpp"
 #include "kvpack/offload/crypto.hpp"
 #include "support/offload_crypto_fixtures.hpp"
@@ -134,11 +137,36 @@ TEST(OffloadHeader, LayoutValidation) {
   l.v_group = 0;
   EXPECT_FALSE(l.validate());
   l = c11_layout();
-  l.flags = 2;
+  l.flags = 3;  // per-channel keys, before RoPE
+  EXPECT_TRUE(l.validate());
+  l.flags = 4;
   EXPECT_FALSE(l.validate());
   l = c11_layout();
   l.max_payload_bytes = 0;
   EXPECT_FALSE(l.validate());
+}
+
+// Keys stored before RoPE are another basis: a PreRope cache's records carry flag bit 1, so a
+// shared prefix page of one kind has another address than the other's, and its header does not
+// check against the other's layout.
+TEST(OffloadHeader, PreRopeRecordsAreAnotherLayout) {
+  using I4 = kvpack::Int4<kvpack::Group<32>>;
+  using Post = kvpack::KVCache<kvpack::Keys<I4>, kvpack::Values<I4>, kvpack::Blocks<32>>;
+  using Pre = kvpack::KVCache<kvpack::Keys<I4>, kvpack::Values<I4>, kvpack::Blocks<32>, kvpack::PreRope<>>;
+  const kvpack::ModelShape s{.layers = 1, .q_heads = 4, .kv_heads = 2, .head_dim = 64, .max_tokens = 256};
+  const auto post = Post::create(s).value();
+  const auto pre = Pre::create(s).value();
+  const ko::RecordLayout lp = ko::prefix_layout_for(post), lr = ko::prefix_layout_for(pre);
+  EXPECT_EQ(lr.flags, lp.flags | 2);
+  EXPECT_TRUE(lr.validate());
+  EXPECT_NE(lp, lr);
+  const std::vector<int32_t> prompt(32, 7);
+  const auto d = ko::prefix_page_digests("model", prompt, 32)[0];
+  const ko::PageCoord at{0, 1, 2, 0};
+  EXPECT_NE(ko::page_key(d, at, lp, ko::Aead::xchacha20poly1305), ko::page_key(d, at, lr, ko::Aead::xchacha20poly1305));
+  const auto h = ko::RecordHeader::make(lp, ko::Aead::xchacha20poly1305, 32, lp.max_payload_bytes);
+  EXPECT_TRUE(h.check(lp, ko::Aead::xchacha20poly1305));
+  EXPECT_EQ(h.check(lr, ko::Aead::xchacha20poly1305).error().code, Errc::corrupt_data);
 }
 
 TEST(OffloadBlockId, SerializationIsLittleEndianAndDistinct) {

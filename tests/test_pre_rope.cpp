@@ -49,6 +49,7 @@ class RopeHarness {
     for (size_t t = 0; t < n; ++t) {
       exact_k_[total_ + static_cast<int64_t>(t)].assign(k.begin() + t * row(), k.begin() + (t + 1) * row());
       exact_v_[total_ + static_cast<int64_t>(t)].assign(v.begin() + t * row(), v.begin() + (t + 1) * row());
+      pos_[total_ + static_cast<int64_t>(t)] = pos[t];
     }
     last_pos_ = pos;
     chunk_first_ = total_;
@@ -77,7 +78,9 @@ class RopeHarness {
           row[static_cast<size_t>(d)] = exact ? exact_k_[idx][static_cast<size_t>(h * D + d)] : c->k[r * D + static_cast<size_t>(d)];
           V[r * D + d] = exact ? exact_v_[idx][static_cast<size_t>(h * D + d)] : c->v[r * D + static_cast<size_t>(d)];
         }
-        prerope_rotate64(row.data(), s_, Cache::rope_cache_relative ? static_cast<double>(r) : c->positions[r]);
+        // Original positions as appended (not read_back's, which come from the same bookkeeping).
+        EXPECT_EQ(c->positions[r], pos_[idx]) << "cache index " << idx;
+        prerope_rotate64(row.data(), s_, Cache::rope_cache_relative ? static_cast<double>(r) : pos_[idx]);
         std::copy(row.begin(), row.end(), K.begin() + static_cast<std::ptrdiff_t>(r * D));
       }
       for (int i = 0; i < n_q; ++i) {
@@ -104,6 +107,7 @@ class RopeHarness {
   ModelShape s_;
   Cache cache_;
   std::map<int64_t, std::vector<float>> exact_k_, exact_v_;
+  std::map<int64_t, int32_t> pos_;
   std::vector<int32_t> last_pos_;
   int64_t chunk_first_ = 0, total_ = 0;
 };
@@ -126,6 +130,7 @@ using Caches = ::testing::Types<
     KVCache<Keys<I4>, Values<I4>, PreRope<CacheRelative>>, KVCache<Keys<Fp8E4M3<>>, Values<Int4<>>, PreRope<>>,
     KVCache<Keys<I4, PerChannel>, Values<I4>, Residual<16>, PreRope<>>,
     KVCache<Keys<I4, PerChannel>, Values<I4>, Residual<16>, PreRope<>, Backend<Scalar>>,
+    KVCache<Keys<I4, PerChannel>, Values<I4>, Sinks<4>, PreRope<>>,
     KVCache<Keys<Int8<>>, Values<Int4<>>, Sinks<3>, Residual<5>, Blocks<16>, PreRope<CacheRelative>>,
     KVCache<Keys<I4>, Values<I4>, SinkWindow<4, 60>, PreRope<CacheRelative>>,
     KVCache<Keys<I4>, Values<I4>, SinkWindow<4, 60>, PreRope<CacheRelative>, Backend<Scalar>>,

@@ -269,7 +269,7 @@ class KVCache {
   /// in the cache that produced them.
   /// Errc::unsupported for eviction, keyframe, sink or offload caches; Errc::invalid_argument for a
   /// layer out of range, a wrong payload size, a layer holding pending (unquantized) tokens or a
-  /// partial block, a negative stored position; Errc::capacity_exceeded past max_tokens;
+  /// partial block; Errc::capacity_exceeded past max_tokens;
   /// Errc::out_of_memory when a block cannot be allocated. Nothing changes on error.
   Status import_block(int layer, std::span<const std::byte> payloads) {
     if constexpr (evicts || codec_hook::interval_blocks || sink_tokens > 0 || offloads) {

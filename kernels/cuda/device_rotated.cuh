@@ -1,5 +1,6 @@
 // kvpack::cuda::DeviceRotated<Rotated<Cache, Rotate<R, Values>>>: the device twin of the host
-// kvpack::Rotated cache (rotation/rotated_cache.hpp): keys (and values with Rotate<R, true>) are
+// kvpack::Rotated cache (rotation/rotated_cache.hpp) whose keys are rotated (values-only rotation,
+// Rotate<R, true, false>, is host only): keys (and values with Rotate<R, true>) are
 // rotated by the orthonormal Hadamard R on the device before the device quantizer, queries are
 // rotated before decode, and (values rotated) the output is rotated back. No pass over the cache:
 // O(rows * D log D) per append and per decode, independent of the context length.
@@ -76,8 +77,8 @@ template <class RotatedHost>
 class DeviceRotated;
 
 /// Device cache of a host Rotated<Cache, Rotate<R, RotateValues>> (see the file comment); the
-/// inner DeviceCache<Cache> holds the rotated blocks. Requirements: DeviceCache<Cache>'s (a
-/// PreRope inner cache is refused by Rotated itself: RoPE and the rotation do not commute).
+/// inner DeviceCache<Cache> holds the rotated blocks. Requirements: DeviceCache<Cache>'s, keys
+/// rotated (so no PreRope inner cache: Rotated refuses rotated keys before RoPE, which do not commute).
 /// Thread safety: as DeviceCache.
 template <class Cache, class Rot>
 class DeviceRotated<Rotated<Cache, Rot>> {

@@ -25,7 +25,7 @@ namespace kvpack::offload::testing {
 //   V codes   (same as K)                              = 4096 bytes
 //   V meta                                             = 1024 bytes
 //                                                        10240 bytes
-// (no positions: a cache without eviction or PreRope keeps them per layer, KVCache::slot_positions;
+// (no positions: a cache without eviction keeps them per layer, KVCache::slot_positions;
 // before issue 20 the payload ended with 64 int32 positions, 10496 bytes).
 inline constexpr int kC11Tokens = 64;
 inline constexpr int kC11HeadDim = 128;

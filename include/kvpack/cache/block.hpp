@@ -7,7 +7,7 @@
 //   [V codes   B x code_bytes(D)]
 //   [V meta    B x (D/G) x mb]
 //   [positions B x int32]                    original token positions, only where slots need their own
-//                                            (eviction reuses slots, PreRope's kernel reads them):
+//                                            (eviction reuses slots):
 //                                            BlockLayout::pos_bytes is 4 there and 0 otherwise, where
 //                                            the store keeps one run-length list per layer instead
 //                                            (cache/position_runs.hpp; issue 20: 0.25 bits/value at D 64)

@@ -28,6 +28,14 @@ inline constexpr bool takes_pre_rope_v = [] {
   else return false;
 }();
 
+/// Whether cache type C (a PreRope<> cache, or an adaptor over one) rotates keys at their rank
+/// among the held tokens (PreRope<CacheRelative>).
+template <class C>
+inline constexpr bool rope_cache_relative_v = [] {
+  if constexpr (requires { C::rope_cache_relative; }) return static_cast<bool>(C::rope_cache_relative);
+  else return false;
+}();
+
 /// No RoPE in the cache (PostRope): every call does nothing.
 template <class RopeP>
 class RopeState {

@@ -102,6 +102,7 @@ class Calibrated : public CacheAdaptor<Cache> {
   using typename Base::key_codec;
   using typename Base::value_codec;
   static constexpr bool pre_rope = takes_pre_rope_v<Cache>;
+  static constexpr bool rope_cache_relative = rope_cache_relative_v<Cache>;
   static constexpr bool scales_keys = kScaleKeys;
   static constexpr bool scales_values = kScaleValues;
   static constexpr bool per_channel_scales = Cal::per_channel;

@@ -7,7 +7,8 @@
 //        0    4 magic            'K' 'V' 'P' 'B'
 //        4    2 format_version   kFormatVersion (1)
 //        6    1 aead             Aead id of the record (0 none, 1 XChaCha20-Poly1305, 2 AES-256-GCM)
-//        7    1 flags            bit 0: keys quantized per-channel (KIVI); other bits 0
+//        7    1 flags            bit 0: keys quantized per-channel (KIVI); bit 1: keys stored before
+//                                RoPE (PreRope<>); other bits 0
 //        8    4 codec_format     the K/V codecs' format id (opaque here, see cache_layout.hpp;
 //                                tells apart codecs of equal bits, e.g. FP8 E4M3 vs E5M2,
 //                                symmetric vs asymmetric, fp16 vs fp32 metadata)
@@ -62,7 +63,7 @@ enum class Aead : uint8_t {
 struct RecordLayout {
   uint32_t codec_format = 0;       ///< K/V codec format id (cache_layout.hpp derives it)
   uint8_t k_bits = 0, v_bits = 0;  ///< bits per key / value code, 1..32
-  uint8_t flags = 0;               ///< bit 0: keys per-channel
+  uint8_t flags = 0;               ///< bit 0: keys per-channel; bit 1: keys before RoPE (PreRope<>)
   uint16_t k_group = 0, v_group = 0;  ///< group sizes, > 0 (1 for ungrouped codecs)
   uint16_t head_dim = 0;           ///< values per token per head, > 0
   uint16_t block_tokens = 0;       ///< tokens per full block, > 0
@@ -76,7 +77,7 @@ struct RecordLayout {
       return fail(Errc::invalid_argument, "block layout: k_bits and v_bits must be 1..32, got " +
                                               std::to_string(k_bits) + " and " + std::to_string(v_bits));
     if (k_group == 0 || v_group == 0) return fail(Errc::invalid_argument, "block layout: group sizes must be > 0");
-    if (flags > 1) return fail(Errc::invalid_argument, "block layout: unknown flags " + std::to_string(flags));
+    if (flags > 3) return fail(Errc::invalid_argument, "block layout: unknown flags " + std::to_string(flags));
     if (head_dim == 0) return fail(Errc::invalid_argument, "block layout: head_dim must be > 0");
     if (block_tokens == 0) return fail(Errc::invalid_argument, "block layout: block_tokens must be > 0");
     if (max_payload_bytes == 0)
@@ -190,7 +191,7 @@ struct RecordHeader {
                                           std::to_string(got) + ", expected " + std::to_string(want));
     };
     if (codec_format != layout.codec_format) return mismatch("codec_format", codec_format, layout.codec_format);
-    if (flags != layout.flags) return mismatch("flags (key axis)", flags, layout.flags);
+    if (flags != layout.flags) return mismatch("flags (key axis, RoPE)", flags, layout.flags);
     if (k_bits != layout.k_bits) return mismatch("k_bits", k_bits, layout.k_bits);
     if (v_bits != layout.v_bits) return mismatch("v_bits", v_bits, layout.v_bits);
     if (k_group != layout.k_group) return mismatch("k_group", k_group, layout.k_group);

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "kvpack/cache/block.hpp"
+#include "kvpack/cache/rope_state.hpp"
 #include "kvpack/codec/format_id.hpp"
 #include "kvpack/offload/block_header.hpp"
 
@@ -27,7 +28,9 @@ template <class Cache>
   l.codec_format = Codec::format_id();
   l.k_bits = h.k_bits;
   l.v_bits = h.v_bits;
-  l.flags = h.flags;
+  // Keys before RoPE are another basis: such records never open in a post-RoPE cache (page keys
+  // hash the layout, headers must match it).
+  l.flags = static_cast<uint8_t>(h.flags | (kvpack::takes_pre_rope_v<Cache> ? 2 : 0));
   l.k_group = h.k_group;
   l.v_group = h.v_group;
   l.head_dim = h.head_dim;

@@ -12,7 +12,8 @@
 // D log D) per call, independent of the context length. read_back returns un-rotated rows.
 // Everything the inner cache counts (bits, bytes, tokens) is unchanged: the rotation stores nothing.
 //
-// Errors are the inner cache's; with NaN/Inf input the channel it names is in the rotated basis
+// Errors are the inner cache's, plus Errc::out_of_memory when the rotated copy of a chunk or of
+// the queries cannot be allocated (nothing changed then); with NaN/Inf input the channel it names is in the rotated basis
 // (a non-finite value spreads over its Hadamard block). Not thread-safe across calls (as KVCache).
 #pragma once
 
@@ -23,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvpack/cache/alloc_guard.hpp"
 #include "kvpack/cache/cache_adaptor.hpp"
 #include "kvpack/cache/rope_state.hpp"
 #include "kvpack/cache/shape.hpp"
@@ -50,7 +52,7 @@ template <class R, bool V, bool K>
 inline constexpr bool is_rotate_v<Rotate<R, V, K>> = true;
 }  // namespace detail
 
-/// A KV cache (any kvpack::KVCache<...>) with rotated keys (and values): see the file comment.
+/// A KV cache (any kvpack::KVCache<...>) with rotated keys and/or values: see the file comment.
 /// Same interface as the inner cache for create / append / attend / read_back / reset and the
 /// size queries; inner() reaches the rest.
 template <class Cache, class Rot = Rotate<>>
@@ -70,10 +72,7 @@ class Rotated : public CacheAdaptor<Cache> {
   /// A PreRope<> inner cache (values-only rotation): the caller hands keys and queries before RoPE.
   static constexpr bool pre_rope = takes_pre_rope_v<Cache>;
   /// ... and whether it rotates keys at their rank among the held tokens (PreRope<CacheRelative>).
-  static constexpr bool rope_cache_relative = [] {
-    if constexpr (requires { Cache::rope_cache_relative; }) return static_cast<bool>(Cache::rope_cache_relative);
-    else return false;
-  }();
+  static constexpr bool rope_cache_relative = rope_cache_relative_v<Cache>;
 
   /// Creates the inner cache (its errors returned as they are); extra arguments go to its create.
   template <class... A>
@@ -88,10 +87,12 @@ class Rotated : public CacheAdaptor<Cache> {
   Status append(int layer, std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> positions) {
     const auto D = static_cast<std::size_t>(inner_.shape().head_dim);
     if (D == 0 || k.size() % D != 0 || v.size() % D != 0) return inner_.append(layer, k, v, positions);
-    std::span<const float> ks = k, vs = v;
-    if constexpr (rotates_keys) ks = rotated(k, kbuf_);
-    if constexpr (rotates_values) vs = rotated(v, vbuf_);
-    return inner_.append(layer, ks, vs, positions);
+    return catch_alloc("Rotated::append", (k.size() + v.size()) * sizeof(float), [&]() -> Status {
+      std::span<const float> ks = k, vs = v;
+      if constexpr (rotates_keys) ks = rotated(k, kbuf_);
+      if constexpr (rotates_values) vs = rotated(v, vbuf_);
+      return inner_.append(layer, ks, vs, positions);
+    });
   }
 
   /// Attends like Cache::attend: q is rotated (keys rotated), the output rotated back (values
@@ -100,7 +101,10 @@ class Rotated : public CacheAdaptor<Cache> {
     const auto D = static_cast<std::size_t>(inner_.shape().head_dim);
     if (D == 0 || q.size() % D != 0) return inner_.attend(layer, q, out);
     std::span<const float> qs = q;
-    if constexpr (rotates_keys) qs = rotated(q, qbuf_);
+    if constexpr (rotates_keys) {
+      Status r = catch_alloc("Rotated::attend", q.size() * sizeof(float), [&]() -> Status { qs = rotated(q, qbuf_); return {}; });
+      if (!r) return r;
+    }
     Status s = inner_.attend(layer, qs, out);
     if constexpr (rotates_values) {
       if (s)
