@@ -105,9 +105,8 @@ class DeviceCache {
   static_assert(!pre_rope || !HostCache::rope_cache_relative,
                 "kvpack::cuda::DeviceCache: PreRope<CacheRelative> rotates keys at their rank among the tokens "
                 "held after eviction, and the device cache has no eviction; use PreRope<OriginalPositions>");
-  /// Whether device blocks end with an int32 position per slot: the host's choice
-  /// (KVCache::slot_positions), and always with PreRope, whose decode kernel reads them (a host
-  /// PreRope cache keeps them per layer: upload and compare convert, device_compare.cuh).
+  /// Device blocks end with an int32 position per slot as the host's do, and always with PreRope
+  /// (its decode kernel reads them; upload/compare convert the host's per-layer runs).
   static constexpr bool slot_positions = HostCache::slot_positions || pre_rope;
   static_assert(!HostCache::keys_per_channel,
                 "kvpack::cuda::DeviceCache: per-channel keys (Keys<Codec, PerChannel>) are not implemented on the "
