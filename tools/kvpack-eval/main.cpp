@@ -44,7 +44,7 @@ int run(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (args.list) {
-    for (const auto& n : kl::policy_names(false)) std::printf("%s\n", n.c_str());
+    for (const auto& n : kl::policy_names(!kAllPolicies)) std::printf("%s\n", n.c_str());
     return 0;
   }
   if (!opt.dump_tokens.empty() && opt.text.empty()) return die("--dump-tokens needs --text");
@@ -65,6 +65,10 @@ int run(int argc, char** argv) {
       for (const auto& k : kl::policy_names(false)) known += (known.empty() ? "" : ", ") + k;
       return die("unknown policy '" + n + "' (known: " + known + ")");
     }
+  for (const auto& n : names)
+    if (!policy_compiled(n))
+      return die("policy '" + n + "' is not compiled into this kvpack-eval (configured with "
+                 "-DKVPACK_EVAL_POLICIES=defaults); reconfigure with -DKVPACK_EVAL_POLICIES=all");
   // fp32 is the baseline every other policy is compared with: always first.
   names.erase(std::remove(names.begin(), names.end(), "fp32"), names.end());
   names.insert(names.begin(), "fp32");

@@ -1,6 +1,7 @@
 // kvpack-eval: score_policy / needle_policy, which ask each shard of the registry in turn.
 #include "policy_dispatch.hpp"
 
+#include <algorithm>
 #include <utility>
 
 namespace kvpack_eval {
@@ -10,10 +11,18 @@ static_assert(kPolicyShards == 4, "policy_dispatch.cpp asks shards 0..3: list ev
 
 template <class R>
 R unknown(const std::string& name) {
+  if (kl::has_policy(name))
+    return R(kvpack::fail(kvpack::Errc::invalid_argument,
+                          "policy " + name + " is not compiled in (-DKVPACK_EVAL_POLICIES=defaults)"));
   return R(kvpack::fail(kvpack::Errc::invalid_argument, "unknown policy " + name));
 }
 
 }  // namespace
+
+bool policy_compiled(const std::string& name) {
+  const auto names = kl::policy_names(!kAllPolicies);
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
 
 kvpack::Status score_policy(Evaluator& ev, const std::string& name, PolicyStats& st, const Window& w, bool baseline,
                             bool first_window, Progress& prog, KvDump* dump) {

@@ -16,6 +16,20 @@ namespace kvpack_eval {
 /// Translation units the registry's policies are spread over (policy i goes to shard i % N).
 inline constexpr int kPolicyShards = 4;
 
+#ifndef KVPACK_EVAL_ALL_POLICIES
+#define KVPACK_EVAL_ALL_POLICIES 1
+#endif
+/// Whether this build compiled every registered policy (CMake KVPACK_EVAL_POLICIES=all, the
+/// default) or only those run by default (=defaults, tools/CMakeLists.txt says why).
+inline constexpr bool kAllPolicies = KVPACK_EVAL_ALL_POLICIES != 0;
+
+/// Whether registry entry P (kvpack::llama::Policy) is compiled into this build.
+template <class P>
+inline constexpr bool compiled_v = kAllPolicies || P::in_defaults;
+
+/// Whether the registered policy `name` is compiled into this build (false for unknown names).
+bool policy_compiled(const std::string& name);
+
 /// Evaluator::score<Cache> (scoring.hpp) with the cache type registered under `name`.
 /// Errors: an unknown name is Errc::invalid_argument; otherwise score's own.
 kvpack::Status score_policy(Evaluator& ev, const std::string& name, PolicyStats& st, const Window& w, bool baseline,

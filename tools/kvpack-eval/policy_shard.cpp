@@ -26,7 +26,7 @@ std::optional<R> run_in_shard(std::string_view name, F&& f) {
   [&]<class... Ps>(kl::PolicyList<Ps...>) {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       auto one = [&]<std::size_t Index, class P>() {
-        if constexpr (Index % kPolicyShards == Shard) {
+        if constexpr (Index % kPolicyShards == Shard && compiled_v<P>) {
           if (P::name == name) {
             result.emplace(f.template operator()<typename P::cache>());
             return true;
