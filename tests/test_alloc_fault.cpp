@@ -4,7 +4,7 @@
 //
 // Fault injection: this file replaces global operator new (tests/support/alloc_fault.hpp, so it
 // has an executable of its own: KVPACK_SOLO_TEST_REGEX in tests/CMakeLists.txt). Armed with N, the N-th allocation throws
-// std::bad_alloc, once. For N = 1, 2, ... a create + prefill + attend + decode + chunk sequence
+// std::bad_alloc, once. For N = 1, 2, ... (1, 3, ... in short sweeps) a create + prefill + attend + decode + chunk sequence
 // runs with the fault armed; each call must succeed or return Errc::out_of_memory with the cache
 // unchanged (read_back of every head, tokens, memory_bytes), the failed call then succeeds when
 // repeated, and at the end every attention output and the cache contents equal a run without
@@ -24,6 +24,7 @@
 #include "kvpack/kvpack.hpp"
 #include "support/alloc_fault.hpp"  // the operator new / delete replacements, g_countdown, g_fired, Arm
 #include "support/reference.hpp"
+#include "support/sweep.hpp"
 
 namespace {
 
@@ -128,7 +129,8 @@ TYPED_TEST(AllocFault, EveryFailedAllocationIsAnErrorAndChangesNothing) {
   const Snapshot want_end = snapshot(clean);
 
   int injected = 0;
-  for (long n = 1;; ++n) {
+  const long step = kvtest::fault_step();  // 2 in the sanitizer stage's short sweeps
+  for (long n = 1;; n += step) {
     g_countdown = n;
     g_fired = false;
     Result<TypeParam> made = [&] {
@@ -162,7 +164,7 @@ TYPED_TEST(AllocFault, EveryFailedAllocationIsAnErrorAndChangesNothing) {
     EXPECT_TRUE(snapshot(c) == want_end) << "fault at allocation " << n;
     if (!g_fired) break;  // the sequence needs fewer than n allocations: every point was tried
   }
-  EXPECT_GT(injected, 10) << "the sweep must hit create, append and attend";
+  EXPECT_GT(injected, 10 / step) << "the sweep must hit create, append and attend";
 }
 
 // After a prefill, the first decode appends release the prefill-sized pending rows and chunk
