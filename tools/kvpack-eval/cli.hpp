@@ -30,7 +30,7 @@ inline void define_cli(CLI::App& app, Options& opt, CliArgs& args) {
   app.add_option("--chunk", opt.chunk, "Tokens per forward pass; earlier chunks are read from the compressed cache (1 = pure decode)")
       ->check(CLI::PositiveNumber);
   app.add_option("--policies", args.policies, "Comma-separated policy names (default: every default policy); see --list-policies");
-  app.add_flag("--list-policies", args.list, "Print the registered policies and exit");
+  app.add_flag("--list-policies", args.list, "Print the policies compiled into this build and exit");
   app.add_option("--threads", opt.threads, "OpenMP threads (default: all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--gen-tokens", opt.gen_tokens, "Without --text: tokens to generate for the passage")->check(CLI::PositiveNumber);
   app.add_option("--decode-tokens", opt.decode_tokens, "Tokens decoded one at a time after the first window (decode tok/s)")

@@ -27,7 +27,7 @@ expect "truncated model" "cannot (read|load) model" --model "$tmp/short.gguf" --
 head -c 4096 /dev/urandom >"$tmp/random.gguf"
 expect "garbage model" "cannot (read|load) model" --model "$tmp/random.gguf" --no-needle
 expect "unknown policy" "unknown policy 'int3'" --policies fp32,int3 --model "$tmp/nope.gguf"
-if ! "$exe" --list | grep -qx kivi8; then  # built with -DKVPACK_EVAL_POLICIES=defaults
+if ! "$exe" --list-policies | grep -qx kivi8; then  # built with -DKVPACK_EVAL_POLICIES=defaults
   expect "policy not compiled in" "kivi8' is not compiled into this kvpack-eval" --policies kivi8 --model "$tmp/nope.gguf"
 fi
 expect "missing text" "text.*(not exist|cannot read)" --text "$tmp/none.txt"
