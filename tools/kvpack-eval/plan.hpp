@@ -15,6 +15,11 @@ namespace kvpack_eval {
 inline int run_plan(const kl::Model& model, Evaluator& ev, Options& opt, const std::vector<Window>& windows,
              const std::string& model_name, const std::string& source) {
   const auto t0 = Clock::now();
+  for (const auto* list : {&opt.plan_budgets, &opt.plan_uniform})  // before any window is scored
+    for (const auto& n : *list)
+      if (kl::has_policy(n) && !policy_compiled(n))
+        return die("policy '" + n + "' is not compiled into this kvpack-eval (configured with "
+                   "-DKVPACK_EVAL_POLICIES=defaults); reconfigure with -DKVPACK_EVAL_POLICIES=all");
   opt.decode_tokens = 0;
   nlohmann::json pj;
   {
