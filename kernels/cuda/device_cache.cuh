@@ -27,11 +27,9 @@
 // check()). PreRope<CacheRelative> is refused at compile time: its positions are ranks among the
 // held tokens after eviction, and the device cache has no eviction.
 //
-// Status: compiles with nvcc 13 for sm_80 / sm_90 + PTX, warning-free; the host-side plan,
-// mapping and unpacking are tested on the host (tests/test_cuda_helpers.cpp), the RoPE and
-// Hadamard helpers too (tests/test_cuda_transform_helpers.cpp); the device tests (tests/cuda/,
-// PreRope and DeviceRotated included) and the benchmark (bench/cuda/) have NOT yet run on a GPU
-// (see README "CUDA"). Rotated caches: device_rotated.cuh (DeviceRotated).
+// Status: nvcc 13, sm_80 / sm_90 + PTX, warning-free. Host-side plan, mapping, unpacking, RoPE and
+// Hadamard helpers are tested on the host (tests/test_cuda_*helpers.cpp); tests/cuda/ and bench/cuda/
+// have NOT yet run on a GPU (README "CUDA"). Rotated caches: device_rotated.cuh (DeviceRotated).
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -85,10 +83,9 @@ struct DecodeOptions {
 /// sinks or residual window on the device); full-precision rows (sinks, residual window, current
 /// token) are passed to decode() as DeviceRows and read exactly.
 ///
-/// Requirements (compile time): grouped codecs for K and V (Int8, Int4, Fp8E4M3, Fp8E5M2),
-/// per-token keys, PostRope or PreRope<OriginalPositions> (see the file comment; rotated caches:
-/// DeviceRotated, device_rotated.cuh). Run time (create): head_dim 64, 128 or 256; GQA group <= 16; the decode
-/// kernel's shared memory (decode_smem_for) within the device's per-block limit.
+/// Requirements (compile time): grouped codecs for K and V (Int8, Int4, Fp8E4M3, Fp8E5M2), per-token
+/// keys, PostRope or PreRope<OriginalPositions> (file comment; rotated caches: DeviceRotated). Run time
+/// (create): head_dim 64, 128 or 256; GQA group <= 16; decode_smem_for within the per-block limit.
 /// Thread safety: none per object; all work is queued on one stream of one device, both fixed at
 /// create(). Objects on different threads or devices are independent.
 template <class HostCache>
