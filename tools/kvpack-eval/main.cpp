@@ -66,9 +66,7 @@ int run(int argc, char** argv) {
       return die("unknown policy '" + n + "' (known: " + known + ")");
     }
   for (const auto& n : names)
-    if (!policy_compiled(n))
-      return die("policy '" + n + "' is not compiled into this kvpack-eval (configured with "
-                 "-DKVPACK_EVAL_POLICIES=defaults); reconfigure with -DKVPACK_EVAL_POLICIES=all");
+    if (auto s = require_compiled(n); !s) return die(s.error().message);
   // fp32 is the baseline every other policy is compared with: always first.
   names.erase(std::remove(names.begin(), names.end(), "fp32"), names.end());
   names.insert(names.begin(), "fp32");

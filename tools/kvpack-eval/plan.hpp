@@ -17,9 +17,7 @@ inline int run_plan(const kl::Model& model, Evaluator& ev, Options& opt, const s
   const auto t0 = Clock::now();
   for (const auto* list : {&opt.plan_budgets, &opt.plan_uniform})  // before any window is scored
     for (const auto& n : *list)
-      if (kl::has_policy(n) && !policy_compiled(n))
-        return die("policy '" + n + "' is not compiled into this kvpack-eval (configured with "
-                   "-DKVPACK_EVAL_POLICIES=defaults); reconfigure with -DKVPACK_EVAL_POLICIES=all");
+      if (auto s = require_compiled(n); !s) return die(s.error().message);
   opt.decode_tokens = 0;
   nlohmann::json pj;
   {

@@ -11,17 +11,18 @@ static_assert(kPolicyShards == 4, "policy_dispatch.cpp asks shards 0..3: list ev
 
 template <class R>
 R unknown(const std::string& name) {
-  if (kl::has_policy(name))
-    return R(kvpack::fail(kvpack::Errc::invalid_argument,
-                          "policy " + name + " is not compiled in (-DKVPACK_EVAL_POLICIES=defaults)"));
+  if (auto s = require_compiled(name); !s) return R(s.error());
   return R(kvpack::fail(kvpack::Errc::invalid_argument, "unknown policy " + name));
 }
 
 }  // namespace
 
-bool policy_compiled(const std::string& name) {
-  const auto names = kl::policy_names(!kAllPolicies);
-  return std::find(names.begin(), names.end(), name) != names.end();
+kvpack::Status require_compiled(const std::string& name) {
+  const auto compiled = kl::policy_names(!kAllPolicies);
+  if (!kl::has_policy(name) || std::find(compiled.begin(), compiled.end(), name) != compiled.end()) return {};
+  return kvpack::fail(kvpack::Errc::invalid_argument,
+                      "policy '" + name + "' is not compiled into this kvpack-eval (configured with "
+                      "-DKVPACK_EVAL_POLICIES=defaults); reconfigure with -DKVPACK_EVAL_POLICIES=all");
 }
 
 kvpack::Status score_policy(Evaluator& ev, const std::string& name, PolicyStats& st, const Window& w, bool baseline,

@@ -27,8 +27,9 @@ inline constexpr bool kAllPolicies = KVPACK_EVAL_ALL_POLICIES != 0;
 template <class P>
 inline constexpr bool compiled_v = kAllPolicies || P::in_defaults;
 
-/// Whether the registered policy `name` is compiled into this build (false for unknown names).
-bool policy_compiled(const std::string& name);
+/// Errc::invalid_argument, saying how to reconfigure, when `name` is registered but not compiled
+/// into this build (KVPACK_EVAL_POLICIES=defaults); success otherwise, unknown names included.
+kvpack::Status require_compiled(const std::string& name);
 
 /// Evaluator::score<Cache> (scoring.hpp) with the cache type registered under `name`.
 /// Errors: an unknown name is Errc::invalid_argument; otherwise score's own.
