@@ -1,22 +1,22 @@
-// kvpack::cuda::DeviceRotated<Rotated<Cache, Rotate<R, Values>>>: the device twin of the host
-// kvpack::Rotated cache (rotation/rotated_cache.hpp) whose keys are rotated (values-only rotation,
-// Rotate<R, true, false>, is host only): keys (and values with Rotate<R, true>) are
-// rotated by the orthonormal Hadamard R on the device before the device quantizer, queries are
-// rotated before decode, and (values rotated) the output is rotated back. No pass over the cache:
-// O(rows * D log D) per append and per decode, independent of the context length.
+// kvpack::cuda::DeviceRotated<Rotated<Cache, Rotate<R, Values, Keys>>>: the device twin of the
+// host kvpack::Rotated cache (rotation/rotated_cache.hpp). What the host rotates is rotated by the
+// orthonormal Hadamard R on the device before the device quantizer: keys (with the query before
+// decode) unless values-only (Rotate<R, true, false>, the rotation a PreRope<> cache takes),
+// values (with the output rotated back) when Values. No pass over the cache: O(rows * D log D)
+// per append and per decode, independent of the context length.
 //
 // Bytes: hadamard_rows_kernel computes the rotation with the butterflies, normalization and
 // signs of rotation/hadamard.hpp in the same order and rounding (transform_helpers.cuh,
 // host-tested bit for bit), and the device quantizer is the host's, so the device blocks equal the
 // host Rotated cache's blocks byte for byte (compare() against host.inner(): CASES C4/C12).
 //
-// Scratch (allocated by create, so append and decode only enqueue, as DeviceCache): rotated K/V
-// of up to Options::chunk_tokens tokens (longer appends are split into such chunks; per-token
-// quantization makes the blocks independent of the split), the rotated query, and rotated copies
-// (values: or packed copies, when not rotated and given at a stride) of up to Options::exact_rows
-// exact rows. Ordering and errors: DeviceCache's (device_cache.cuh);
-// with NaN/Inf input the channel check() names is in the rotated basis (a non-finite value
-// spreads over its Hadamard block), as on the host.
+// Scratch (allocated by create, so append and decode only enqueue, as DeviceCache): rotated K
+// (keys rotated) and V (values rotated) of up to Options::chunk_tokens tokens (longer appends are
+// split into such chunks; per-token quantization makes the blocks independent of the split), the
+// rotated query, and rotated or packed copies of up to Options::exact_rows exact rows (a row
+// not rotated is copied only when given at a stride). Ordering and errors: DeviceCache's
+// (device_cache.cuh); with NaN/Inf input the channel check() names is in the rotated basis (a
+// non-finite value spreads over its Hadamard block), as on the host.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -76,10 +76,10 @@ __global__ void hadamard_rows_kernel(const float* src, std::int64_t src_stride, 
 template <class RotatedHost>
 class DeviceRotated;
 
-/// Device cache of a host Rotated<Cache, Rotate<R, RotateValues>> (see the file comment); the
-/// inner DeviceCache<Cache> holds the rotated blocks. Requirements: DeviceCache<Cache>'s, keys
-/// rotated (so no PreRope inner cache: Rotated refuses rotated keys before RoPE, which do not commute).
-/// Thread safety: as DeviceCache.
+/// Device cache of a host Rotated<Cache, Rotate<R, RotateValues, RotateKeys>> (see the file
+/// comment); the inner DeviceCache<Cache> holds the rotated blocks. Requirements:
+/// DeviceCache<Cache>'s (a PreRope<> inner cache only with values-only rotation, as on the host:
+/// RoPE does not commute with a key rotation). Thread safety: as DeviceCache.
 template <class Cache, class Rot>
 class DeviceRotated<Rotated<Cache, Rot>> {
  public:
@@ -87,7 +87,7 @@ class DeviceRotated<Rotated<Cache, Rot>> {
   using inner_type = DeviceCache<Cache>;
   using rotation = typename Rot::rotation;
   static constexpr bool rotates_values = Rot::values;
-  static_assert(Rot::keys, "kvpack::cuda::DeviceRotated: values-only rotation (Rotate<R, true, false>) is host-only so far");
+  static constexpr bool rotates_keys = Rot::keys;
 
   /// Scratch sizes fixed at create.
   struct Options {
@@ -107,11 +107,11 @@ class DeviceRotated<Rotated<Cache, Rot>> {
     DeviceRotated d(std::move(*inner), opt);
     KVPACK_CUDA_ON_DEVICE(d.inner_.device());
     const auto row = static_cast<std::size_t>(shape.kv_heads) * static_cast<std::size_t>(shape.head_dim) * sizeof(float);
-    auto kbuf = device_alloc(static_cast<std::size_t>(opt.chunk_tokens) * row, stream, "DeviceRotated K scratch");
+    auto kbuf = device_alloc(rotates_keys ? static_cast<std::size_t>(opt.chunk_tokens) * row : 0, stream, "DeviceRotated K scratch");
     if (!kbuf) return kbuf.error();
     auto vbuf = device_alloc(rotates_values ? static_cast<std::size_t>(opt.chunk_tokens) * row : 0, stream, "DeviceRotated V scratch");
     if (!vbuf) return vbuf.error();
-    auto qbuf = device_alloc(static_cast<std::size_t>(shape.q_heads) * static_cast<std::size_t>(shape.head_dim) * sizeof(float),
+    auto qbuf = device_alloc(rotates_keys ? static_cast<std::size_t>(shape.q_heads) * static_cast<std::size_t>(shape.head_dim) * sizeof(float) : 0,
                              stream, "DeviceRotated query scratch");
     if (!qbuf) return qbuf.error();
     auto ek = device_alloc(static_cast<std::size_t>(opt.exact_rows) * row, stream, "DeviceRotated exact K scratch");
@@ -140,8 +140,12 @@ class DeviceRotated<Rotated<Cache, Rot>> {
     KVPACK_CUDA_ON_DEVICE(inner_.device());
     for (std::int64_t done = 0; done < n;) {
       const std::int64_t m = std::min<std::int64_t>(opt_.chunk_tokens, n - done);
-      auto* kb = static_cast<float*>(kbuf_.get());
-      if (Status r = rotate(d_k + done * row, row, s.kv_heads, kb, m * s.kv_heads, false); !r) return r;
+      const float* kb = d_k + done * row;
+      if constexpr (rotates_keys) {
+        auto* kr = static_cast<float*>(kbuf_.get());
+        if (Status r = rotate(kb, row, s.kv_heads, kr, m * s.kv_heads, false); !r) return r;
+        kb = kr;
+      }
       const float* vb = d_v + done * row;
       if constexpr (rotates_values) {
         auto* vr = static_cast<float*>(vbuf_.get());
@@ -155,44 +159,27 @@ class DeviceRotated<Rotated<Cache, Rot>> {
   }
 
   /// DeviceCache::decode with the query d_q ([q_heads][head_dim], caller's basis) rotated first
-  /// and the exact rows (caller's basis; count <= Options::exact_rows) rotated into scratch; with
-  /// rotated values the output d_out ([q_heads][head_dim]) is rotated back in place. Enqueue only.
+  /// (keys rotated) and the exact rows (caller's basis; count <= Options::exact_rows) rotated
+  /// into scratch where the host rotates them; with rotated values the output d_out
+  /// ([q_heads][head_dim]) is rotated back in place. Enqueue only.
   /// Errors: DeviceCache::decode's; exact.count above exact_rows (Errc::invalid_argument).
-  Status decode(int layer, const float* d_q, float* d_out, const DeviceRows& exact = {}, DecodeOptions opt = {}) {
-    const ModelShape& s = inner_.shape();
-    if (layer < 0 || layer >= s.layers || !d_q || !d_out || exact.count < 0 || (exact.count > 0 && (!exact.k || !exact.v)))
-      return inner_.decode(layer, d_q, d_out, exact, opt);  // its error, nothing enqueued
-    if (exact.count > opt_.exact_rows)
-      return fail(Errc::invalid_argument, "DeviceRotated::decode: " + std::to_string(exact.count) +
-                                              " exact rows, more than Options::exact_rows = " + std::to_string(opt_.exact_rows));
-    KVPACK_CUDA_ON_DEVICE(inner_.device());
-    auto* qb = static_cast<float*>(qbuf_.get());
-    if (Status r = rotate(d_q, static_cast<std::int64_t>(s.q_heads) * s.head_dim, s.q_heads, qb, s.q_heads, false); !r) return r;
-    DeviceRows rows = exact;
-    if (exact.count > 0) {
-      const std::int64_t packed = static_cast<std::int64_t>(s.kv_heads) * s.head_dim;
-      const std::int64_t stride = exact.stride > 0 ? exact.stride : packed;
-      const std::int64_t n_rows = static_cast<std::int64_t>(exact.count) * s.kv_heads;
-      auto* ek = static_cast<float*>(ekbuf_.get());
-      auto* ev = static_cast<float*>(evbuf_.get());
-      if (Status r = rotate(exact.k, stride, s.kv_heads, ek, n_rows, false); !r) return r;
-      rows.k = ek;
-      rows.stride = packed;  // the scratch rows are packed; V follows them
-      if constexpr (rotates_values) {
-        if (Status r = rotate(exact.v, stride, s.kv_heads, ev, n_rows, false); !r) return r;
-        rows.v = ev;
-      } else if (stride != packed) {
-        KVPACK_CUDA_TRY(cudaMemcpy2DAsync(ev, static_cast<std::size_t>(packed) * sizeof(float), exact.v,
-                                          static_cast<std::size_t>(stride) * sizeof(float),
-                                          static_cast<std::size_t>(packed) * sizeof(float),
-                                          static_cast<std::size_t>(exact.count), cudaMemcpyDeviceToDevice, inner_.stream()));
-        rows.v = ev;
-      }
-    }
-    if (Status r = inner_.decode(layer, qb, d_out, rows, opt); !r) return r;
-    if constexpr (rotates_values)
-      return rotate(d_out, static_cast<std::int64_t>(s.q_heads) * s.head_dim, s.q_heads, d_out, s.q_heads, true);
-    return {};
+  Status decode(int layer, const float* d_q, float* d_out, const DeviceRows& exact = {}, DecodeOptions opt = {})
+    requires(!inner_type::pre_rope)
+  {
+    return decode_rotated(layer, d_q, d_out, exact, [&](const float* q, const DeviceRows& rows) {
+      return inner_.decode(layer, q, d_out, rows, opt);
+    });
+  }
+
+  /// As decode() above, for a PreRope<> inner cache (values-only rotation): d_q_pos is the
+  /// query's device position and exact.pos the exact rows' (DeviceCache's PreRope decode).
+  Status decode(int layer, const float* d_q, const std::int32_t* d_q_pos, float* d_out, const DeviceRows& exact = {},
+                DecodeOptions opt = {})
+    requires(inner_type::pre_rope)
+  {
+    return decode_rotated(layer, d_q, d_out, exact, [&](const float* q, const DeviceRows& rows) {
+      return inner_.decode(layer, q, d_q_pos, d_out, rows, opt);
+    });
   }
 
   /// Uploads the host Rotated cache's blocks (already rotated: host.inner()); DeviceCache::upload.
@@ -213,6 +200,63 @@ class DeviceRotated<Rotated<Cache, Rot>> {
 
  private:
   DeviceRotated(inner_type inner, Options opt) : inner_(std::move(inner)), opt_(opt) {}
+
+  /// decode()'s work around the inner decode `call(query, rows)`: checks, the query and exact
+  /// rows rotated or packed into scratch, the output rotated back (values rotated).
+  template <class Call>
+  Status decode_rotated(int layer, const float* d_q, float* d_out, const DeviceRows& exact, Call&& call) {
+    const ModelShape& s = inner_.shape();
+    if (layer < 0 || layer >= s.layers || !d_q || !d_out || exact.count < 0 || (exact.count > 0 && (!exact.k || !exact.v)))
+      return call(d_q, exact);  // the inner decode's error, nothing enqueued
+    if (exact.count > opt_.exact_rows)
+      return fail(Errc::invalid_argument, "DeviceRotated::decode: " + std::to_string(exact.count) +
+                                              " exact rows, more than Options::exact_rows = " + std::to_string(opt_.exact_rows));
+    KVPACK_CUDA_ON_DEVICE(inner_.device());
+    const float* qb = d_q;
+    if constexpr (rotates_keys) {
+      auto* qr = static_cast<float*>(qbuf_.get());
+      if (Status r = rotate(d_q, static_cast<std::int64_t>(s.q_heads) * s.head_dim, s.q_heads, qr, s.q_heads, false); !r) return r;
+      qb = qr;
+    }
+    DeviceRows rows = exact;
+    if (exact.count > 0) {
+      const std::int64_t packed = static_cast<std::int64_t>(s.kv_heads) * s.head_dim;
+      const std::int64_t stride = exact.stride > 0 ? exact.stride : packed;
+      const std::int64_t n_rows = static_cast<std::int64_t>(exact.count) * s.kv_heads;
+      auto* ek = static_cast<float*>(ekbuf_.get());
+      auto* ev = static_cast<float*>(evbuf_.get());
+      rows.stride = packed;  // the scratch rows are packed; a row passed through must be too
+      // One of K and V is rotated (Rotate<> rotates something), the other rotated or copied packed.
+      if constexpr (rotates_keys) {
+        if (Status r = rotate(exact.k, stride, s.kv_heads, ek, n_rows, false); !r) return r;
+        rows.k = ek;
+      } else if (stride != packed) {
+        if (Status r = pack_rows(exact.k, stride, ek, exact.count); !r) return r;
+        rows.k = ek;
+      }
+      if constexpr (rotates_values) {
+        if (Status r = rotate(exact.v, stride, s.kv_heads, ev, n_rows, false); !r) return r;
+        rows.v = ev;
+      } else if (stride != packed) {
+        if (Status r = pack_rows(exact.v, stride, ev, exact.count); !r) return r;
+        rows.v = ev;
+      }
+    }
+    if (Status r = call(qb, rows); !r) return r;
+    if constexpr (rotates_values)
+      return rotate(d_out, static_cast<std::int64_t>(s.q_heads) * s.head_dim, s.q_heads, d_out, s.q_heads, true);
+    return {};
+  }
+
+  /// Enqueues a copy of `count` rows of kv_heads * head_dim floats from src (rows `stride` floats
+  /// apart) to dst, packed.
+  Status pack_rows(const float* src, std::int64_t stride, float* dst, int count) {
+    const auto packed = static_cast<std::size_t>(inner_.shape().kv_heads) * static_cast<std::size_t>(inner_.shape().head_dim);
+    KVPACK_CUDA_TRY(cudaMemcpy2DAsync(dst, packed * sizeof(float), src, static_cast<std::size_t>(stride) * sizeof(float),
+                                      packed * sizeof(float), static_cast<std::size_t>(count), cudaMemcpyDeviceToDevice,
+                                      inner_.stream()));
+    return {};
+  }
 
   /// Enqueues hadamard_rows_kernel (forward or inverse) over `rows` rows.
   Status rotate(const float* src, std::int64_t src_stride, int heads, float* dst, std::int64_t rows, bool inverse) {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kvpack/kernels/cuda/device_cache.cuh"
+#include "kvpack/kernels/cuda/device_rotated.cuh"
 #include "cuda/support/device_buffer.hpp"
 #include "kvpack/kvpack.hpp"
 #include "support/reference.hpp"
@@ -72,7 +73,7 @@ struct Case {
   }
 };
 
-template <class Cache>
+template <class Cache, class Dev = cuda::DeviceCache<Cache>>
 void run_case(const Case& c) {
   SCOPED_TRACE(c.str());
   const ModelShape shape = c.shape();
@@ -80,7 +81,7 @@ void run_case(const Case& c) {
   const auto row = static_cast<std::size_t>(c.kv_heads) * static_cast<std::size_t>(D);
   auto host = Cache::create(shape);
   ASSERT_TRUE(host) << host.error().message;
-  auto dev = cuda::DeviceCache<Cache>::create(shape);
+  auto dev = Dev::create(shape);
   ASSERT_TRUE(dev) << dev.error().message;
   std::mt19937 rng(c.seed);
   // The other layer first (a kernel reading the wrong layer fails), then this layer in chunks.
@@ -131,7 +132,8 @@ void run_case(const Case& c) {
   const std::vector<float> got = d_out.to_host();
   ASSERT_TRUE(d_out.ok()) << d_out.message();
 
-  // float64: the host's dequantized pre-RoPE keys and the exact rows, rotated in double.
+  // float64: the host's dequantized pre-RoPE keys and the exact rows, rotated in double (values
+  // as the host reads them back: in the caller's basis under a values-only Rotated<>).
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   std::vector<double> ref(q.size(), 0.0);
   for (int h = 0; h < c.kv_heads; ++h) {
@@ -226,6 +228,30 @@ TYPED_TEST(CudaPreRope, EveryGroupSize) {
 }
 
 using I4Rope = KVCache<Keys<Int4<>>, Values<Int4<>>, PreRope<>>;
+
+// Values-only Hadamard rotation over PreRope caches (the only rotation they take): DeviceRotated
+// rotates V before the device quantizer, passes K, the query and its position to the RoPE decode
+// and rotates the output back; blocks equal the host's, output within 1e-5 of float64.
+TEST(CudaPreRopeRotated, ValuesOnlyMatchesFloat64) {
+  using Vr = Rotated<KVCache<Keys<Int4<>>, Values<Int4<Symmetric, Group<64>>>, PreRope<>>, Rotate<Hadamard, true, false>>;
+  using Vr8 = Rotated<KVCache<Keys<Int8<>>, Values<Int4<>>, Blocks<32>, PreRope<>>, Rotate<SignedHadamard, true, false>>;
+  int i = 0;
+  for (const int D : {64, 128})
+    for (const int tokens : {1, 33, 95}) {
+      Case c;
+      c.D = D;
+      c.tokens = tokens;
+      c.neox = i % 2 == 1;
+      c.group = 1 + 3 * (i % 2);
+      c.exact = i % 3 == 0 ? 0 : 7;
+      c.splits = i % 2;
+      c.seed = static_cast<std::uint32_t>(800 + i);
+      if (i % 2) run_case<Vr8, cuda::DeviceRotated<Vr8>>(c);
+      else run_case<Vr, cuda::DeviceRotated<Vr>>(c);
+      ++i;
+    }
+  EXPECT_EQ(i, 6);
+}
 
 TEST(CudaPreRopeEdges, ExactRowsAloneAndNoKeys) {
   Case exact_only;

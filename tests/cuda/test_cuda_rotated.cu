@@ -1,13 +1,14 @@
-// DeviceRotated<Rotated<Cache, Rotate<R, Values>>> (kernels/cuda/device_rotated.cuh): K (and V)
-// rotated on the device before the device quantizer, the query rotated before decode and the
-// output rotated back.
+// DeviceRotated<Rotated<Cache, Rotate<R, Values, Keys>>> (kernels/cuda/device_rotated.cuh): K
+// and/or V rotated on the device before the device quantizer, the query rotated before decode
+// (keys rotated) and the output rotated back (values rotated).
 //  * blocks: byte for byte the host Rotated cache's (compare() against host.inner()), device
 //    appends in chunks 1, 31, 33, 95, rest with Options::chunk_tokens 40 (split inside append);
 //  * decode against a float64 reference in the rotated basis: the host's rotated dequantized rows
 //    (host.inner().read_back), the query and the exact rows rotated in double by the explicit
 //    block-diagonal Hadamard (signs included), softmax in double, the output rotated back in
 //    double; to 1e-5 relative;
-//  * Hadamard and SignedHadamard, values rotated or not; INT4, INT8, FP8 keys; blocks 64/32/16;
+//  * Hadamard and SignedHadamard, values rotated or not, keys rotated or not (values only);
+//    INT4, INT8, FP8 keys; blocks 64/32/16;
 //    head_dim 64, 128, 256; 1, 31, 33, 95 tokens; GQA groups 1, 3, 4, 8, 16; exact rows 0, 1, 7,
 //    40 (packed and at a stride); splits automatic, 1, 7;
 //  * errors: exact rows above Options::exact_rows, bad options, null buffers.
@@ -71,7 +72,7 @@ struct Case {
 template <class Host>
 void run_case(const Case& c) {
   using Dev = cuda::DeviceRotated<Host>;
-  constexpr bool sg = Host::rotation::signed_rows, rv = Host::rotates_values;
+  constexpr bool sg = Host::rotation::signed_rows, rv = Host::rotates_values, rk = Host::rotates_keys;
   SCOPED_TRACE(c.str());
   const int D = c.D, q_heads = c.group * c.kv_heads;
   const ModelShape shape{2, q_heads, c.kv_heads, D, c.tokens + 1, 0.f};
@@ -140,7 +141,8 @@ void run_case(const Case& c) {
                                    ek.begin() + static_cast<std::ptrdiff_t>(r * estride + static_cast<std::size_t>((h + 1) * D)));
       const std::vector<double> vr(ev.begin() + static_cast<std::ptrdiff_t>(r * estride + static_cast<std::size_t>(h * D)),
                                    ev.begin() + static_cast<std::ptrdiff_t>(r * estride + static_cast<std::size_t>((h + 1) * D)));
-      ks.push_back(rot64(kr.data(), D, sg, false));
+      if (rk) ks.push_back(rot64(kr.data(), D, sg, false));
+      else ks.push_back(kr);
       // if/else, not ?: copying a vector from either branch: GCC 12 -O3 warns
       // -Wfree-nonheap-object on the conditional copy (a false positive).
       if (rv) vs.push_back(rot64(vr.data(), D, sg, false));
@@ -148,7 +150,7 @@ void run_case(const Case& c) {
     }
     for (int j = 0; j < c.group; ++j) {
       const std::vector<double> qd(q.begin() + (h * c.group + j) * D, q.begin() + (h * c.group + j + 1) * D);
-      const std::vector<double> qr = rot64(qd.data(), D, sg, false);
+      const std::vector<double> qr = rk ? rot64(qd.data(), D, sg, false) : qd;
       std::vector<double> s(ks.size()), o(static_cast<std::size_t>(D), 0.0);
       double mx = -INFINITY, l = 0;
       for (std::size_t t = 0; t < ks.size(); ++t) {
@@ -178,7 +180,8 @@ class CudaRotated : public ::testing::Test {};
 using Hosts = ::testing::Types<Rotated<KVCache<Keys<Int4<>>, Values<Int4<>>>>,
                                Rotated<KVCache<Keys<Int8<>>, Values<Int4<>>, Blocks<32>>, Rotate<SignedHadamard, false>>,
                                Rotated<KVCache<Keys<Fp8E4M3<>>, Values<Int8<Asymmetric>>, Blocks<16>>, Rotate<SignedHadamard>>,
-                               Rotated<KVCache<Keys<Int4<Symmetric, MetaF32, Group<16>>>, Values<Int8<>>>, Rotate<Hadamard, false>>>;
+                               Rotated<KVCache<Keys<Int4<Symmetric, MetaF32, Group<16>>>, Values<Int8<>>>, Rotate<Hadamard, false>>,
+                               Rotated<KVCache<Keys<Int8<>>, Values<Int4<Symmetric, Group<64>>>>, Rotate<Hadamard, true, false>>>;
 TYPED_TEST_SUITE(CudaRotated, Hosts);
 
 TYPED_TEST(CudaRotated, BlocksMatchHostAndDecodeMatchesFloat64) {
