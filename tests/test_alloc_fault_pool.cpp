@@ -18,7 +18,8 @@
 // free. The sweep ends at the first N that the whole script never reaches.
 // Pools: quantized with sinks and a residual window (truncate), another without sinks (prefix
 // publish/attach), H2O eviction (truncate answers Errc::unsupported there, every time), BlockSparse
-// eviction (a victim page leaves the table during an append).
+// eviction (a victim page leaves the table during an append), PreRope<> keys (positions kept per
+// append for the kernels).
 // Not covered, documented at the calls: SnapKV's prompt compression (no rollback), a
 // publish_prefix of several blocks (entries before a failed one stay published).
 #include <gtest/gtest.h>
@@ -50,7 +51,8 @@ using Pools = ::testing::Types<
     PagedCache<Keys<Int4<Group<32>>>, Values<Int4<Group<32>>>, Sinks<4>, Residual<16>, Blocks<16>>,
     PagedCache<Keys<Int8<>>, Values<Int4<>>, Residual<8>, Blocks<16>>,
     PagedCache<Keys<Int8<>>, Values<Int4<>>, Sinks<2>, Blocks<16>, H2O<16, 16, 2>>,
-    PagedCache<Keys<Int8<>>, Values<Int4<>>, Blocks<8>, BlockSparse<Tokens<24>, 8, 1, 1>>>;  // drops pages in the script
+    PagedCache<Keys<Int8<>>, Values<Int4<>>, Blocks<8>, BlockSparse<Tokens<24>, 8, 1, 1>>,  // drops pages in the script
+    PagedCache<Keys<Int4<>>, Values<Int4<>>, Residual<8>, Blocks<16>, PreRope<>>>;  // the latest chunk's positions
 TYPED_TEST_SUITE(PoolAllocFault, Pools);
 
 constexpr bool evicting(auto& pool) { return requires { pool.held_tokens(SeqId{}, 0, 0); }; }

@@ -36,6 +36,51 @@ inline constexpr bool rope_cache_relative_v = [] {
   else return false;
 }();
 
+/// Original positions of a layer without eviction for the kernels (RopeState<PreRope<>> and the
+/// page pool): blocks (refs[i] holds the layer's quantized tokens [i * B, i * B + count)) get
+/// their slots' positions from L.block_pos when `from_runs` (payloads without slot positions): a
+/// base when a block lies inside one run (the common case: one run per layer), else a copy in
+/// `spill`; sinks, pending and latest-chunk rows point at the layer's own positions, and
+/// args.q_pos at those of the n_q newest queries. Throws std::bad_alloc when `spill` cannot grow
+/// (refs unchanged then).
+template <class Layer>
+void rope_original_positions(const kernels::AttendArgs& a, kernels::HeadSegments& seg, std::vector<kernels::BlockRef>& refs,
+                             const Layer& L, int B, bool from_runs, kernels::RopeArgs& args, std::vector<std::int32_t>& spill) {
+  if (from_runs) {
+    const PositionRuns& runs = L.block_pos;
+    const std::span<const PositionRuns::Run> rs = runs.runs();
+    // Index of the run holding token j, advanced monotonically (blocks come in token order).
+    std::size_t r = 0;
+    auto run_end = [&](std::size_t i) { return i + 1 < rs.size() ? std::int64_t{rs[i + 1].first} : runs.size(); };
+    std::size_t spilled = 0;
+    for (std::size_t i = 0; i < refs.size(); ++i) {
+      const std::int64_t j = static_cast<std::int64_t>(i) * B;
+      while (run_end(r) <= j) ++r;
+      if (j + refs[i].count > run_end(r)) ++spilled;
+    }
+    spill.resize(spilled * static_cast<std::size_t>(B));
+    r = 0, spilled = 0;
+    for (std::size_t i = 0; i < refs.size(); ++i) {
+      kernels::BlockRef& b = refs[i];
+      const std::int64_t j = static_cast<std::int64_t>(i) * B;
+      while (run_end(r) <= j) ++r;
+      if (j + b.count <= run_end(r)) {
+        b.pos = nullptr;
+        b.pos_base = rs[r].position + (j - rs[r].first);
+      } else {
+        std::int32_t* out = spill.data() + spilled++ * static_cast<std::size_t>(B);
+        for (int t = 0; t < b.count; ++t) out[t] = runs.at(j + t);
+        b.pos = out;
+      }
+    }
+  }
+  const std::int32_t* chunk = L.chunk_pos.data();
+  seg.sinks.pos = L.sink_pos.empty() ? nullptr : L.sink_pos.data();
+  seg.pending.pos = L.pend.positions();
+  seg.chunk.pos = chunk + (seg.chunk.first - (L.total - L.chunk_tokens));  // the chunk's non-sink rows
+  args.q_pos = chunk + (L.chunk_tokens - a.n_q);
+}
+
 /// No RoPE in the cache (PostRope): every call does nothing.
 template <class RopeP>
 class RopeState {
@@ -97,12 +142,7 @@ class RopeState<PreRope<Positions>> {
       hd.args.q_rank = kernels::assign_rope_ranks(seg, refs, B, slot_token, hd.slot_rank, hd.order) - a.n_q;
     } else {
       (void)slot_token;
-      if (!slot_positions_) block_positions(L.block_pos, refs, B, hd.block_pos);
-      const std::int32_t* chunk = L.chunk_pos.data();
-      seg.sinks.pos = L.sink_pos.empty() ? nullptr : L.sink_pos.data();
-      seg.pending.pos = L.pend.positions();
-      seg.chunk.pos = chunk + (seg.chunk.first - (L.total - L.chunk_tokens));  // the chunk's non-sink rows
-      hd.args.q_pos = chunk + (L.chunk_tokens - a.n_q);
+      rope_original_positions(a, seg, refs, L, B, !slot_positions_, hd.args, hd.block_pos);
     }
     a.rope = &hd.args;
   }
@@ -123,38 +163,6 @@ class RopeState<PreRope<Positions>> {
     std::vector<std::int32_t> block_pos;  // original positions of blocks that span a jump in them
   };
 
-  /// Gives the blocks of a cache without eviction (refs[i] holds the layer's quantized tokens
-  /// [i * B, i * B + count)) their slots' positions from `runs`: a base when a block lies inside
-  /// one run (the common case: one run per layer), else a copy in `spill`. Throws std::bad_alloc
-  /// when `spill` cannot grow (refs unchanged then).
-  static void block_positions(const PositionRuns& runs, std::vector<kernels::BlockRef>& refs, int B,
-                              std::vector<std::int32_t>& spill) {
-    const std::span<const PositionRuns::Run> rs = runs.runs();
-    // Index of the run holding token j, advanced monotonically (blocks come in token order).
-    std::size_t r = 0;
-    auto run_end = [&](std::size_t i) { return i + 1 < rs.size() ? std::int64_t{rs[i + 1].first} : runs.size(); };
-    std::size_t spilled = 0;
-    for (std::size_t i = 0; i < refs.size(); ++i) {
-      const std::int64_t j = static_cast<std::int64_t>(i) * B;
-      while (run_end(r) <= j) ++r;
-      if (j + refs[i].count > run_end(r)) ++spilled;
-    }
-    spill.resize(spilled * static_cast<std::size_t>(B));
-    r = 0, spilled = 0;
-    for (std::size_t i = 0; i < refs.size(); ++i) {
-      kernels::BlockRef& b = refs[i];
-      const std::int64_t j = static_cast<std::int64_t>(i) * B;
-      while (run_end(r) <= j) ++r;
-      if (j + b.count <= run_end(r)) {
-        b.pos = nullptr;
-        b.pos_base = rs[r].position + (j - rs[r].first);
-      } else {
-        std::int32_t* out = spill.data() + spilled++ * static_cast<std::size_t>(B);
-        for (int t = 0; t < b.count; ++t) out[t] = runs.at(j + t);
-        b.pos = out;
-      }
-    }
-  }
   kernels::RopeTable table_;
   kernels::RopeArgs proto_;
   std::vector<Head> heads_;

@@ -4,11 +4,10 @@
 // on the same backend (tests/test_pool_basic.cpp). Adds what a serving engine needs: fork (pages
 // shared copy-on-write), truncate (exact rollback of rejected speculative tokens), batched decode
 // over the caller's executor, a prefix cache of published full pages, and swapping a sequence's
-// pages out of the arena and back (pool/pool_swap.hpp). With an
-// eviction policy, PagedCache<...> names EvictingPagedCache (pool/paged_eviction.hpp) instead.
-// A failed allocation is Errc::out_of_memory with nothing changed (each call reserves, then
-// mutates; tests/test_alloc_fault_pool.cpp); publish_prefix alone may stop part way.
-// DESIGN.md "Paged pool".
+// pages out of the arena and back (pool/pool_swap.hpp). With an eviction policy, PagedCache<...>
+// names EvictingPagedCache (pool/paged_eviction.hpp) instead. A failed allocation is
+// Errc::out_of_memory with nothing changed (each call reserves, then mutates;
+// tests/test_alloc_fault_pool.cpp); publish_prefix alone may stop part way. DESIGN.md "Paged pool".
 #pragma once
 
 #include <algorithm>
@@ -61,7 +60,13 @@ class BasicPagedCache {
   static constexpr double key_bits_per_value = single::key_bits_per_value;
   static constexpr double value_bits_per_value = single::value_bits_per_value;
   static_assert(!single::evicts, "kvpack::BasicPagedCache<...>: evicting policies use EvictingPagedCache (name PagedCache<...>)");
-  static_assert(!single::offloads && !single::pre_rope, "kvpack::PagedCache<...>: Offload<> and PreRope<> are not supported on the page pool yet");
+  /// PreRope<OriginalPositions>: keys and queries given before RoPE, turned by the kernels at the
+  /// stored positions (rope_state.hpp); positions must be < max_tokens (a table fixed at create).
+  static constexpr bool pre_rope = single::pre_rope;
+  static_assert(!single::offloads, "kvpack::PagedCache<...>: Offload<> is not supported on the page pool yet");
+  static_assert(!pre_rope || !single::rope_cache_relative,
+                "kvpack::PagedCache<...>: PreRope<CacheRelative> is not supported on the page pool (without eviction a "
+                "token's rank is its cache index: use PreRope<OriginalPositions> with positions 0, 1, ...)");
   static_assert(!codec_hook::interval_blocks,
                 "kvpack::PagedCache<...>: Keyframe<...> codecs are not supported on the page pool yet");
 
@@ -72,7 +77,7 @@ class BasicPagedCache {
   /// or slots cannot be (nothing kept).
   [[nodiscard]] static Result<BasicPagedCache> create(const PoolConfig& cfg) {
     return catch_alloc("PagedCache::create", 0, [&]() -> Result<BasicPagedCache> {
-      auto st = State::create(cfg, block_tokens);
+      auto st = State::create(cfg, block_tokens, pre_rope);
       if (!st) return st.error();
       return Result<BasicPagedCache>(BasicPagedCache(std::move(st.value())));
     });
@@ -160,7 +165,7 @@ class BasicPagedCache {
     if (!s) return s.error();
     if (Status c = check_layer("append", layer); !c) return c;
     auto& L = (*s)->layers[static_cast<std::size_t>(layer)];
-    if (Status c = pool_detail::check_append(shape(), layer, L.total, k, v, positions, false); !c) return c;
+    if (Status c = pool_detail::check_append(shape(), layer, L.total, k, v, positions, false, pre_rope); !c) return c;
     if (positions.empty()) return {};
     return catch_alloc("append", 0, [&]() -> Status {
       const State& S = *st_;
@@ -170,14 +175,14 @@ class BasicPagedCache {
       // throws before they are used.
       ChunkStage& stage = (*s)->stage;
       if (Status c = stage.stage(shape(), layer, L.total, k, v); !c) return c;  // NaN/Inf, in the copy's pass
-      pool_detail::reserve_append<codec_hook>(L, positions, row_floats(), sink_tokens, residual_tokens, block_tokens,
+      pool_detail::reserve_append<codec_hook, pre_rope>(L, positions, row_floats(), sink_tokens, residual_tokens, block_tokens,
                                               S.hist_cap, shape().head_dim);
       SparePages spare(*st_->pool);
       const std::size_t need =
           pool_detail::pages_for_append(L, *S.pool, n, sink_tokens, residual_tokens, commit_unit, block_tokens);
       if (Status t = st_->pool->take(need, spare.pages, "append"); !t) return t;
       std::reverse(spare.pages.begin(), spare.pages.end());  // commit pops from the back: each head's new pages ascend in memory
-      pool_detail::store_append<codec_hook>(L, *S.pool, S.layout, shape().kv_heads, k, v, positions, sink_tokens,
+      pool_detail::store_append<codec_hook, pre_rope>(L, *S.pool, S.layout, shape().kv_heads, k, v, positions, sink_tokens,
                                             residual_tokens, S.hist_cap, stage, spare.pages);
       return {};  // `spare` releases what is left: nothing when the count was right
     });
@@ -218,11 +223,9 @@ class BasicPagedCache {
 
   /// Batched decode with per-sequence additive masks: as attend_batch above, with mask i
   /// (BatchMask, pool_types.hpp: ragged, values[offsets[i], offsets[i + 1]), one float32 per token
-  /// sequence i holds in `layer`, indexed by cache index) added to the scaled scores q.k_t * scale
-  /// of sequence i, the same bias for every query head. The bias is applied inside the fused
-  /// kernel's score computation (AttendArgs::bias; scalar, AVX2 and NEON alike), so pages are read
-  /// as in the unmasked call; an all-zero mask gives outputs bit-identical to it, and -inf entries
-  /// give what attention over the other tokens alone gives (up to fp32 rounding).
+  /// sequence i holds in `layer`, by cache index) added to sequence i's scaled scores q.k_t * scale,
+  /// for every query head, inside the fused kernel (AttendArgs::bias; scalar, AVX2 and NEON): an
+  /// all-zero mask gives outputs bit-identical to the unmasked call, -inf entries drop tokens.
   /// Errors, checked before anything runs (out untouched): those of attend_batch; offsets not
   /// N + 1, decreasing or beyond values; a mask whose length differs from the sequence's tokens
   /// in the layer (the message names both); an all -inf mask (Errc::invalid_argument); NaN or
@@ -432,7 +435,8 @@ class BasicPagedCache {
   // One sequence's attention on the calling thread (pool_detail::attend_layer), scratch in ws.
   void attend_one(const pool_detail::PagedLayer& L, std::span<const float> q, std::span<float> out, Workspace& ws,
                   const float* bias = nullptr) const {
-    pool_detail::attend_layer<codec_hook>(shape(), L, *st_->pool, st_->layout, q, out, ws.scratch, ws.refs, bias);
+    pool_detail::attend_layer<codec_hook>(shape(), L, *st_->pool, st_->layout, q, out, ws.scratch, ws.refs, bias,
+                                          pre_rope ? &st_->rope : nullptr);
   }
 
   std::unique_ptr<State> st_;

@@ -64,7 +64,8 @@ class EvictingPagedCache {
   static constexpr double value_bits_per_value = single::value_bits_per_value;
   static_assert(single::evicts, "kvpack::EvictingPagedCache<...>: needs an eviction policy (use PagedCache<...>)");
   static_assert(!single::demotes, "kvpack::PagedCache<...>: Demote<> is not supported on the page pool yet");
-  static_assert(!single::offloads && !single::pre_rope, "kvpack::PagedCache<...>: Offload<> and PreRope<> are not supported on the page pool yet");
+  static_assert(!single::offloads && !single::pre_rope,
+                "kvpack::PagedCache<...>: Offload<> and PreRope<> with eviction are not supported on the page pool yet");
   static_assert(!codec_hook::interval_blocks && commit_unit == 1,
                 "kvpack::PagedCache<...>: Keyframe<...> codecs are not supported on the page pool yet");
   /// One sequence's storage (pool/evicting_store.hpp).

@@ -27,6 +27,7 @@
 #include "kvpack/cache/exact_segments.hpp"
 #include "kvpack/cache/pending_rows.hpp"
 #include "kvpack/cache/position_runs.hpp"
+#include "kvpack/cache/rope_state.hpp"
 #include "kvpack/cache/shape.hpp"
 #include "kvpack/detail/secure_zero.hpp"
 #include "kvpack/kernels/dispatch.hpp"
@@ -41,6 +42,7 @@ struct PagedLayer {
   PendingRows pend;                   ///< fp32 rows not yet quantized, oldest first
   PendingRows hist;                   ///< fp32 copies of the newest non-sink tokens (rollback)
   std::vector<float> chunk_k, chunk_v;  ///< exact copy of the latest append (CASES C5)
+  std::vector<std::int32_t> chunk_pos;  ///< its positions (PreRope<> pools only; else empty)
   std::vector<std::vector<std::uint32_t>> pages;  ///< page table: [kv_head][page], oldest first
   PositionRuns block_pos;             ///< positions of the committed (paged) tokens: pages store none
   std::int64_t sinks_held = 0, committed = 0, total = 0, chunk_tokens = 0;
@@ -49,13 +51,14 @@ struct PagedLayer {
   /// the paged tokens' position runs).
   [[nodiscard]] std::size_t exact_bytes(std::size_t row) const noexcept {
     const auto n = static_cast<std::size_t>(pend.size() + hist.size() + sinks_held + chunk_tokens);
-    return n * row * 2 * sizeof(float) + static_cast<std::size_t>(pend.size() + hist.size() + sinks_held) * 4 +
+    return n * row * 2 * sizeof(float) + (static_cast<std::size_t>(pend.size() + hist.size() + sinks_held) + chunk_pos.size()) * 4 +
            block_pos.held_bytes();
   }
   /// Zeroes every fp32 row and forgets the pages (the caller releases them first).
   void wipe() noexcept {
     for (auto* v : {&sink_k, &sink_v, &chunk_k, &chunk_v}) detail::wipe_vector(*v);
     detail::wipe_vector(sink_pos);
+    detail::wipe_vector(chunk_pos);
     pend.wipe();
     hist.wipe();
     block_pos.wipe();
@@ -73,7 +76,7 @@ struct PagedLayer {
 /// the caller retains them.
 inline void copy_exact(const PagedLayer& from, PagedLayer& to) {
   to.sink_k = from.sink_k, to.sink_v = from.sink_v, to.sink_pos = from.sink_pos;
-  to.chunk_k = from.chunk_k, to.chunk_v = from.chunk_v;
+  to.chunk_k = from.chunk_k, to.chunk_v = from.chunk_v, to.chunk_pos = from.chunk_pos;
   to.pages = from.pages;
   to.block_pos = from.block_pos;
   to.sinks_held = from.sinks_held, to.committed = from.committed, to.total = from.total;
@@ -168,13 +171,14 @@ void commit(PagedLayer& L, PagePool& pool, const BlockLayout& layout, int kv_hea
 }
 
 /// Allocates ahead everything push() and commit() of an append of n tokens to L need: the chunk
-/// copy, sink rows, pending rows, rollback copies (hist_cap > 0), the page tables' growth and the
+/// copy (and its positions: Rope), sink rows, pending rows, rollback copies (hist_cap > 0), the page tables' growth and the
 /// codec's encode buffers and the position runs of the tokens it may commit (pos: the append's
 /// positions), so that after it those steps allocate nothing (PagedCache::append's strong
 /// guarantee). May throw std::bad_alloc, leaving L's contents unchanged (only capacities grow).
-template <class Codec>
+template <class Codec, bool Rope = false>
 void reserve_append(PagedLayer& L, std::span<const std::int32_t> pos, std::size_t row, int sinks, int R, int B,
                     std::int64_t hist_cap, int head_dim) {
+  if constexpr (Rope) L.chunk_pos.reserve(pos.size());  // the latest chunk's positions (push)
   constexpr int U = Codec::commit_unit;
   const auto n = static_cast<std::int64_t>(pos.size());
   // Committed positions are a contiguous part of (pending, new): at most one run more than the whole.
@@ -210,12 +214,16 @@ inline kernels::HeadSegments segments(const PagedLayer& L, const PagePool& pool,
 
 /// Attention of the n_q = q.size() / (q_heads * D) newest tokens of L over all it holds, KV head
 /// by KV head on the calling thread, with Codec's kernel (as KVCache::attend); bias: an additive
-/// mask by cache index (AttendArgs::bias) or nullptr. q, out: [n_q][q_heads][D]. May throw
-/// std::bad_alloc (scratch or refs growth).
+/// mask by cache index (AttendArgs::bias) or nullptr; rope: a PreRope<> pool's table and pairing
+/// (the kernels rotate queries and keys at their stored positions, as RopeState does for
+/// KVCache) or nullptr. q, out: [n_q][q_heads][D]. May throw std::bad_alloc (scratch, refs or
+/// position spill growth).
 template <class Codec>
 void attend_layer(const ModelShape& shape, const PagedLayer& L, const PagePool& pool, const BlockLayout& layout,
                   std::span<const float> q, std::span<float> out, kernels::Scratch& scratch,
-                  std::vector<kernels::BlockRef>& refs, const float* bias) {
+                  std::vector<kernels::BlockRef>& refs, const float* bias, const kernels::RopeArgs* rope = nullptr) {
+  kernels::RopeArgs args;
+  std::vector<std::int32_t> spill;  // positions of pages that span a jump in the caller's positions
   const int D = shape.head_dim, group = shape.q_heads / shape.kv_heads;
   const std::size_t qrow = static_cast<std::size_t>(shape.q_heads) * static_cast<std::size_t>(D);
   const auto n_q = static_cast<std::int64_t>(q.size() / qrow);
@@ -223,7 +231,12 @@ void attend_layer(const ModelShape& shape, const PagedLayer& L, const PagePool& 
     const std::int64_t at = static_cast<std::int64_t>(h) * group * D;
     kernels::AttendArgs a = cache_detail::attend_args(shape, L.total, q.data() + at, out.data() + at, n_q, group);
     a.bias = bias;
-    const kernels::HeadSegments seg = segments(L, pool, layout, shape.kv_heads, h, refs);
+    kernels::HeadSegments seg = segments(L, pool, layout, shape.kv_heads, h, refs);
+    if (rope != nullptr) {
+      args = *rope;
+      rope_original_positions(a, seg, refs, L, layout.tokens, true, args, spill);
+      a.rope = &args;
+    }
     Codec::attend(a, seg, layout, scratch);
   }
 }
@@ -234,10 +247,12 @@ void attend_layer(const ModelShape& shape, const PagedLayer& L, const PagePool& 
 /// them with encode_rows), and (hist_cap > 0) rollback copies of the non-sink ones, trimmed to
 /// hist_cap. Returns the chunk row of the first non-sink token.
 inline std::int64_t push(PagedLayer& L, std::span<const float> k, std::span<const float> v, std::span<const std::int32_t> pos,
-                         std::size_t row, int sinks, std::int64_t hist_cap, ChunkStage& stage, std::int64_t direct) {
+                         std::size_t row, int sinks, std::int64_t hist_cap, ChunkStage& stage, std::int64_t direct,
+                         bool keep_chunk_pos) {
   const auto n = static_cast<std::int64_t>(pos.size());
   const auto r = static_cast<std::int64_t>(row);
   stage.swap_into(L.chunk_k, L.chunk_v);  // the rows stage.fill copied and checked
+  if (keep_chunk_pos) L.chunk_pos.assign(pos.begin(), pos.end());  // capacity reserved
   L.chunk_tokens = n;
   std::int64_t t = 0;
   for (; t < n && L.sinks_held < sinks; ++t, ++L.sinks_held) {
@@ -263,14 +278,14 @@ inline std::int64_t push(PagedLayer& L, std::span<const float> k, std::span<cons
 /// The changing half of PagedCache::append (rows staged, everything reserved, `spare` holding
 /// the pages pages_for_append counted): push, the tokens committed within this append encoded
 /// from the caller's rows (direct_tokens, as KVCache), then the pending rows' commit.
-template <class Codec>
+template <class Codec, bool Rope = false>
 void store_append(PagedLayer& L, PagePool& pool, const BlockLayout& layout, int kv_heads, std::span<const float> k,
                   std::span<const float> v, std::span<const std::int32_t> pos, int sinks, int R, std::int64_t hist_cap,
                   ChunkStage& stage, std::vector<std::uint32_t>& spare) {
   const auto n = static_cast<std::int64_t>(pos.size());
   const std::size_t row = static_cast<std::size_t>(kv_heads) * static_cast<std::size_t>(layout.head_dim);
   const std::int64_t direct = direct_tokens(L, n, sinks, R, Codec::commit_unit);
-  const std::int64_t first = push(L, k, v, pos, row, sinks, hist_cap, stage, direct);
+  const std::int64_t first = push(L, k, v, pos, row, sinks, hist_cap, stage, direct, Rope);
   const std::size_t at = static_cast<std::size_t>(first) * row;
   if (direct > 0) encode_rows<Codec>(L, pool, layout, kv_heads, k.data() + at, v.data() + at, pos.data() + first, direct, spare);
   commit<Codec>(L, pool, layout, kv_heads, R, spare);
@@ -369,6 +384,7 @@ inline void truncate(PagedLayer& L, PagePool& pool, const BlockLayout& layout, s
   L.chunk_tokens = std::max<std::int64_t>(0, L.chunk_tokens - drop);
   cut(L.chunk_k, static_cast<std::size_t>(L.chunk_tokens) * row);
   cut(L.chunk_v, static_cast<std::size_t>(L.chunk_tokens) * row);
+  if (!L.chunk_pos.empty()) cut(L.chunk_pos, static_cast<std::size_t>(L.chunk_tokens));
   L.block_pos.truncate(c);
   L.sinks_held = s;
   L.committed = c;

@@ -18,11 +18,12 @@
 namespace kvpack::pool_detail {
 
 /// Checks an append of positions.size() tokens to a layer holding `held` tokens: k and v sizes,
-/// capacity (shape.max_tokens per sequence and layer), negative positions; non-finite values
-/// too unless `values` is false (PagedCache checks them while staging the rows: ChunkStage).
+/// capacity (shape.max_tokens per sequence and layer), negative positions (and, rope_table,
+/// positions >= max_tokens: a PreRope<> pool's table); non-finite values too unless `values` is
+/// false (PagedCache checks them while staging the rows: ChunkStage).
 [[nodiscard]] inline Status check_append(const ModelShape& shape, int layer, std::int64_t held, std::span<const float> k,
                                          std::span<const float> v, std::span<const std::int32_t> positions,
-                                         bool values = true) {
+                                         bool values = true, bool rope_table = false) {
   const auto n = static_cast<std::int64_t>(positions.size());
   const std::size_t row = static_cast<std::size_t>(shape.kv_heads) * static_cast<std::size_t>(shape.head_dim);
   const std::string at = "append: layer " + std::to_string(layer);
@@ -37,6 +38,10 @@ namespace kvpack::pool_detail {
     if (positions[t] < 0)
       return fail(Errc::invalid_argument, at + ": negative position " + std::to_string(positions[t]) + " at token " +
                                               std::to_string(t) + " of the chunk");
+    else if (rope_table && positions[t] >= shape.max_tokens)
+      return fail(Errc::invalid_argument, at + ": position " + std::to_string(positions[t]) + " at token " + std::to_string(t) +
+                                              " is outside the PreRope<> pool's RoPE table [0, max_tokens = " +
+                                              std::to_string(shape.max_tokens) + ")");
   if (values)
     for (const auto& [x, name] : {std::pair{k, "K"}, std::pair{v, "V"}})
       if (Status f = cache_detail::check_finite_rows(shape, layer, held, x, name); !f) return f;

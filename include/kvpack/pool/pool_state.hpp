@@ -47,10 +47,12 @@ struct PoolState {
   std::unique_ptr<SeqSlot[]> slots;
   SlotFreeList free_slots;
   std::int64_t hist_cap = 0;  // rollback copies per layer (tokens)
+  kernels::RopeTable rope_table;  // PreRope<> pools: cos/sin of positions [0, max_tokens), fixed at create
+  kernels::RopeArgs rope;         // ... and the kernels' arguments over it (q_pos set per call)
 
-  /// A pool's state for `cfg` with pages of B tokens (see BasicPagedCache::create for the errors).
-  /// May throw std::bad_alloc.
-  static Result<std::unique_ptr<PoolState>> create(const PoolConfig& cfg, int B) {
+  /// A pool's state for `cfg` with pages of B tokens (see BasicPagedCache::create for the errors)
+  /// and, pre_rope, the RoPE table of cfg.shape. May throw std::bad_alloc.
+  static Result<std::unique_ptr<PoolState>> create(const PoolConfig& cfg, int B, bool pre_rope = false) {
     if (Status s = validate_shape(cfg.shape, Codec::K::row_group, Codec::V::row_group); !s) return s.error();
     if (cfg.max_sequences < 1 || cfg.max_rollback_tokens < 0)
       return fail(Errc::invalid_argument, "PagedCache::create: max_sequences must be >= 1 and max_rollback_tokens >= 0");
@@ -63,6 +65,15 @@ struct PoolState {
     if (!pool) return pool.error();
     st->pool = std::move(pool.value());
     st->hist_cap = cfg.max_rollback_tokens > 0 ? cfg.max_rollback_tokens + R + U - 1 : 0;
+    if (pre_rope) {  // fixed, so concurrent appends never grow what concurrent attends read
+      const int dims = cfg.shape.rope_dims > 0 ? cfg.shape.rope_dims : cfg.shape.head_dim;
+      st->rope_table = kernels::RopeTable(static_cast<double>(cfg.shape.rope_base), dims / 2);
+      st->rope_table.ensure(cfg.shape.max_tokens);
+      st->rope.table = st->rope_table.data();
+      st->rope.positions = st->rope_table.size();
+      st->rope.pairs = dims / 2;
+      st->rope.neox = cfg.shape.rope_neox;
+    }
     st->slots = std::make_unique<SeqSlot[]>(static_cast<std::size_t>(cfg.max_sequences));
     st->free_slots.fill(cfg.max_sequences);
     return st;
@@ -287,6 +298,7 @@ struct PoolState {
       L.block_pos.push_consecutive(static_cast<std::int32_t>(have), n * B);  // positions = cache indices (reserved)
       L.total = L.committed = have + n * B;
       for (auto* v : {&L.chunk_k, &L.chunk_v}) detail::wipe_vector(*v);  // the latest append is not the newest any more
+      detail::wipe_vector(L.chunk_pos);
       L.chunk_tokens = 0;
       L.hist.wipe();  // rollback copies would not be the newest tokens: no truncate below this point
     }
@@ -305,7 +317,7 @@ struct PoolState {
     st.budget_bytes = cfg.byte_budget;
     st.bytes_used = st.pages_used * st.page_bytes;
     st.bytes_free = st.pages_free * st.page_bytes;
-    st.overhead_bytes = st.pages_total * PagePool::overhead_per_page;
+    st.overhead_bytes = st.pages_total * PagePool::overhead_per_page + rope_table.bytes();  // + a PreRope<> pool's table
     for (int i = 0; i < cfg.max_sequences; ++i) {
       const SeqSlot& s = slots[static_cast<std::size_t>(i)];
       if (!s.is_live.load(std::memory_order_acquire)) continue;

@@ -87,7 +87,7 @@ struct PoolStats {
   /// Bytes the page tables would need if no page were shared: the sum over sequences of their
   /// pages times page_bytes (what separate caches would hold in blocks).
   std::size_t bytes_if_unshared = 0;
-  std::size_t overhead_bytes = 0; ///< fixed overhead: per page its BlockHeader, refcount and free-list entry (24 B)
+  std::size_t overhead_bytes = 0; ///< fixed overhead: per page its BlockHeader, refcount and free-list entry (24 B); a PreRope<> pool's RoPE table
   std::size_t exact_bytes = 0;    ///< fp32 rows and position runs of every sequence (SequenceStats::exact_bytes summed)
   std::size_t pages_swapped = 0;  ///< pages of swapped-out sequences held by their PageSwapTargets (not in the arena)
   std::vector<SequenceStats> sequences;  ///< live sequences, by slot index

@@ -34,13 +34,15 @@ struct apply<Tmpl, PolicySet<Policies...>> {
 template <template <class...> class Tmpl, class Set>
 using apply_t = typename apply<Tmpl, Set>::type;
 
-/// Whether PagedCache accepts the set: no offload, no keyframe codec, no Demote<> (every eviction
-/// policy is accepted: SinkWindow, H2O, SnapKV, TOVA, BlockSparse): the pool's static_asserts
-/// (pool/paged_cache.hpp, pool/paged_eviction.hpp), checked without instantiating it.
+/// Whether PagedCache accepts the set: no offload, no keyframe codec, no Demote<>, PreRope<> only
+/// as OriginalPositions without eviction (every eviction policy is accepted otherwise: SinkWindow,
+/// H2O, SnapKV, TOVA, BlockSparse): the pool's static_asserts (pool/paged_cache.hpp,
+/// pool/paged_eviction.hpp), checked without instantiating it.
 template <class Set>
 inline constexpr bool pool_capable_v = [] {
   using C = apply_t<KVCache, Set>;
-  return !C::demotes && !C::offloads && !C::codec_hook::interval_blocks;
+  return !C::demotes && !C::offloads && !C::codec_hook::interval_blocks &&
+         !(C::pre_rope && (C::evicts || C::rope_cache_relative));
 }();
 
 /// One table entry: `Name` selects `Set`; `Default` entries are what kvpack-eval runs when no
