@@ -136,7 +136,8 @@ using Caches = ::testing::Types<
     KVCache<Keys<I4>, Values<I4>, SinkWindow<4, 60>, PreRope<CacheRelative>, Backend<Scalar>>,
     KVCache<Keys<I4>, Values<I4>, SinkWindow<4, 60>, PreRope<>>,
     KVCache<Keys<Int8<>>, Values<Int8<>>, H2O<32, 28, 4>, PreRope<CacheRelative>>,
-    KVCache<Keys<Int8<>>, Values<Int8<>>, H2O<32, 28, 4>, PreRope<>>>;
+    KVCache<Keys<Int8<>>, Values<Int8<>>, H2O<32, 28, 4>, PreRope<>>,
+    KVCache<Keys<Int8<>>, Values<Int8<>>, SnapKV<48, 8>, PreRope<>>>;  // compresses at the first decode append
 TYPED_TEST_SUITE(PreRopeVsRef64, Caches);
 
 // Odd prefill chunks, then decode past every eviction budget; both pairings, full and partial
@@ -181,6 +182,7 @@ TYPED_TEST(PreRopeVsRef64, SplitKOverTwoThreads) {
   RopeHarness<TypeParam> h(s);
   h.cache().set_executor(thread_executor(2), 2);
   h.append(0, prerope_spaced(0, 300), 3);
+  EXPECT_LE(h.attend_error(0, 8, 7), 1e-5) << "prompt";  // also SnapKV's observation window
   for (int t = 0; t < 3; ++t) {
     h.append(0, prerope_spaced(300 + t, 1), 40 + static_cast<uint32_t>(t));
     EXPECT_LE(h.attend_error(0, 1, 90 + static_cast<uint32_t>(t)), 1e-5) << "step " << t;

@@ -129,7 +129,8 @@ class KVCache {
 
   static_assert(cache_detail::check_policies<
       offloads, evicts, demotes, keys_per_channel, codec_hook::commit_unit, codec_hook::required_block_tokens,
-      eviction_hook::required_block_tokens, block_tokens, key_codec::group_size, pre_rope, codec_hook::interval_blocks,
+      eviction_hook::required_block_tokens, block_tokens, key_codec::group_size, pre_rope, pre_rope && rope_cache_relative,
+      codec_hook::interval_blocks,
       requires(eviction_hook& e, store_type& s, Workspace& w) { e.compress_prompt(s, w, 0); }>());
 
   /// Creates an empty cache for `shape`. Errors (Errc::invalid_argument): non-positive sizes,
@@ -196,7 +197,7 @@ class KVCache {
     if (Status s = cache_detail::check_append_positions(layer, positions); !s) return s;
     return catch_alloc("append", 0, [&] {
       if (Status s = store_.stage_chunk(layer, k, v); !s) return s;  // NaN/Inf, before any reservation
-      rope_.reserve(positions, bound);  // PreRope: the cos/sin table first
+      rope_.reserve(positions, bound, ws_);  // PreRope: the cos/sin table first (and ws_.rope for hooks)
       return append_tokens<evicts>(store_, hook_, ws_, off_, layer, k, v, positions);
     });
   }
@@ -288,7 +289,7 @@ class KVCache {
     requires requires(eviction_hook& e, store_type& s, Workspace& w) { e.compress_prompt(s, w, 0); }
   {
     if (Status s = check_layer("compress_prompt", layer); !s) return s;
-    return hook_.compress_prompt(store_, ws_, layer);
+    return hook_.compress_prompt(store_, rope_.publish(ws_), layer);
   }
 
   /// BlockSparse only: compacts every KV head of `layer` now (normally done when at least half of a

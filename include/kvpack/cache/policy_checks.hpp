@@ -24,9 +24,10 @@ consteval bool check_roles() {
 }
 
 /// Fails to compile, naming the conflict, when the resolved policies of a KVCache cannot work
-/// together; returns true otherwise. SnapKVLike: the eviction hook scores saved queries itself.
+/// together; returns true otherwise. SnapKVLike: the eviction hook scores saved queries itself;
+/// RopeRanks: PreRope<CacheRelative>.
 template <bool Offloads, bool Evicts, bool Demotes, bool KeysPerChannel, int CommitUnit, int CodecBlockTokens,
-          int EvictBlockTokens, int BlockTokens, int KeyGroup, bool PreRope, bool Keyframe, bool SnapKVLike>
+          int EvictBlockTokens, int BlockTokens, int KeyGroup, bool PreRope, bool RopeRanks, bool Keyframe, bool SnapKVLike>
 consteval bool check_policies() {
   static_assert(!Offloads || !Evicts,
                 "kvpack::KVCache<...>: Offload<> moves full, immutable blocks; it cannot be combined with an "
@@ -51,9 +52,9 @@ consteval bool check_policies() {
   static_assert(!PreRope || (!Offloads && !Demotes && !Keyframe),
                 "kvpack::KVCache<...>: PreRope<> runs in the scalar/AVX2/NEON tile kernels only: not with "
                 "Offload<>, Demote<> or Keyframe<...> codecs");
-  static_assert(!PreRope || !SnapKVLike,
-                "kvpack::KVCache<...>: PreRope<> with SnapKV: SnapKV scores its saved queries against stored keys "
-                "outside the kernels, which would compare them unrotated; use H2O, SinkWindow, TOVA or BlockSparse");
+  static_assert(!RopeRanks || !SnapKVLike,
+                "kvpack::KVCache<...>: PreRope<CacheRelative> with SnapKV: SnapKV scores the prompt at the tokens' "
+                "original positions; use PreRope<OriginalPositions> (or H2O, SinkWindow, TOVA, BlockSparse)");
   return true;
 }
 

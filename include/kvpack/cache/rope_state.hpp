@@ -16,6 +16,7 @@
 #include "kvpack/cache/alloc_guard.hpp"
 #include "kvpack/cache/position_runs.hpp"
 #include "kvpack/cache/shape.hpp"
+#include "kvpack/cache/workspace.hpp"
 #include "kvpack/kernels/rope.hpp"
 #include "kvpack/policy.hpp"
 
@@ -86,7 +87,11 @@ template <class RopeP>
 class RopeState {
  public:
   void init(const ModelShape&, bool) {}
-  void reserve(std::span<const std::int32_t>, std::int64_t) {}
+  void reserve(std::span<const std::int32_t>, std::int64_t, Workspace& ws) { ws.rope = nullptr; }
+  Workspace& publish(Workspace& ws) {
+    ws.rope = nullptr;
+    return ws;
+  }
   template <class Layer>
   void decorate(kernels::AttendArgs&, kernels::HeadSegments&, std::vector<kernels::BlockRef>&, const Layer&, int,
                 const std::vector<std::int32_t>*, int) {}
@@ -117,7 +122,8 @@ class RopeState<PreRope<Positions>> {
   /// largest appended). Throws std::bad_alloc (the append has changed nothing yet) when it cannot
   /// grow, or when the table would exceed physical memory (a position near 2^31 asks for
   /// hundreds of GB; refused before an overcommitting kernel grants it).
-  void reserve(std::span<const std::int32_t> positions, std::int64_t held_after) {
+  /// Then publishes the table in ws (publish()).
+  void reserve(std::span<const std::int32_t> positions, std::int64_t held_after, Workspace& ws) {
     std::int64_t need = held_after;
     if constexpr (!relative)
       for (const std::int32_t p : positions) need = std::max<std::int64_t>(need, std::int64_t{p} + 1);
@@ -126,6 +132,17 @@ class RopeState<PreRope<Positions>> {
             physical_memory_bytes())
       throw std::bad_alloc();
     table_.ensure(need);
+    publish(ws);
+  }
+
+  /// Points ws.rope at the table and pairing (q_pos unset), for an eviction hook's own attention
+  /// (SnapKV's scoring); valid until the table grows or this state moves. Returns ws.
+  Workspace& publish(Workspace& ws) {
+    published_ = proto_;
+    published_.table = table_.data();
+    published_.positions = table_.size();
+    ws.rope = &published_;
+    return ws;
   }
 
   /// Points `a` at KV head h's RoPE arguments for the n_q newest queries of layer L, and gives
@@ -165,6 +182,7 @@ class RopeState<PreRope<Positions>> {
 
   kernels::RopeTable table_;
   kernels::RopeArgs proto_;
+  kernels::RopeArgs published_;  // publish()'s copy with the table
   std::vector<Head> heads_;
   bool slot_positions_ = true;
 };

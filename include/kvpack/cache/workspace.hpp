@@ -33,6 +33,9 @@ struct Workspace {
   std::vector<std::vector<kernels::BlockRef>> head_refs;  ///< block refs of every KV head (parallel attend)
   std::vector<kernels::HeadJob> jobs;        ///< one kernel job per KV head (parallel attend)
   TierScratch tier;                          ///< the low tier's attention (Demote<> caches only)
+  /// PreRope<> caches: the RoPE table and pairing (no positions) for attention an eviction hook
+  /// runs itself (SnapKV's scoring); set by KVCache right before it calls the hook, else null.
+  const kernels::RopeArgs* rope = nullptr;
 };
 
 }  // namespace kvpack

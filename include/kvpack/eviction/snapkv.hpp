@@ -19,6 +19,7 @@
 #include "kvpack/eviction/hook.hpp"
 #include "kvpack/eviction/protocol_tags.hpp"
 #include "kvpack/eviction/snapkv_select.hpp"
+#include "kvpack/kernels/rope.hpp"
 #include "kvpack/policy.hpp"
 
 namespace kvpack {
@@ -200,14 +201,36 @@ class SnapKVHook : public HookDefaults {
     // The queries sit at cache indices obs_first..; their keys are all exact rows (keep_exact holds
     // the window back until compression: pending, then the latest chunk), which the kernel masks
     // causally by cache index, so no window query sees a later token.
+    // PreRope<> (ws.rope, published by KVCache): the kernel turns each window query at its token's
+    // position (a sink's or a pending row's: the window is held exact) and each key at its own
+    // (committed slots: the payload's; exact rows: theirs).
+    kernels::RopeArgs rope;
+    std::vector<std::int32_t> obs_pos;
+    if (ws.rope != nullptr) {
+      rope = *ws.rope;
+      obs_pos.resize(static_cast<std::size_t>(n_obs));
+      const std::int64_t pend_first = L.total - L.pend.size();
+      for (std::int64_t i = 0; i < n_obs; ++i) {
+        const std::int64_t c = S.obs_first + i;
+        obs_pos[static_cast<std::size_t>(i)] =
+            c < L.sinks_held ? L.sink_pos[static_cast<std::size_t>(c)] : L.pend.positions()[c - pend_first];
+      }
+      rope.q_pos = obs_pos.data();
+    }
     for (int h = 0; h < shape_.kv_heads && n_obs > 0; ++h) {
-      const kernels::HeadSegments seg = st.segments(li, h, *this, NoOffload::state{}, ws.refs);
+      kernels::HeadSegments seg = st.segments(li, h, *this, NoOffload::state{}, ws.refs);
+      if (ws.rope != nullptr) {
+        seg.sinks.pos = L.sink_pos.empty() ? nullptr : L.sink_pos.data();
+        seg.pending.pos = L.pend.positions();
+        seg.chunk.pos = L.chunk_pos.data() + (seg.chunk.first - (L.total - L.chunk_tokens));
+      }
       std::vector<float>& agg = ws.head_mass[static_cast<std::size_t>(h)];
       agg.assign(static_cast<std::size_t>(st.ordinals(seg)), 0.f);
       for (int j = 0; j < group; ++j) {  // one query head at a time: mean or max over the group
         const std::int64_t qoff = (static_cast<std::int64_t>(h) * group + j) * shape_.head_dim;
         kernels::AttendArgs a = st.args_for(L, S.obs_q.data() + qoff, out.data() + qoff, n_obs, 1);
         a.q_first = S.obs_first;
+        a.rope = ws.rope != nullptr ? &rope : nullptr;
         ws.mass.assign(agg.size(), 0.f);
         a.key_mass = ws.mass.data();
         St::codec::attend(a, seg, st.layout(), ws.scratch);
