@@ -13,6 +13,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <utility>
 #include <vector>
 
 #include "kvpack/offload/cache_layout.hpp"
@@ -217,6 +219,23 @@ TEST(PoolPreRopeEdges, PositionsOutsideTheTableAreRefused) {
   EXPECT_EQ(*pool->length(*id), 0);
   ASSERT_TRUE(pool->append(*id, 0, k, k, std::vector<std::int32_t>{0, 1, 99}));
   EXPECT_EQ(*pool->length(*id), 3);
+}
+
+TEST(PoolPreRopeEdges, CreateChecksTheRopeFields) {
+  using Pool = Types<PerToken4>::pool;
+  for (const auto& [dims, base] : {std::pair{128, 10000.f}, {63, 10000.f}, {-2, 10000.f}, {0, -1.f}, {0, std::nanf("")}}) {
+    ModelShape s = shape_for<PerToken4>();
+    s.rope_dims = dims, s.rope_base = base;
+    auto pool = Pool::create({.shape = s, .byte_budget = std::size_t{1} << 20, .max_sequences = 1});
+    ASSERT_FALSE(pool) << "rope_dims " << dims << " rope_base " << base;
+    EXPECT_EQ(pool.error().code, Errc::invalid_argument);
+    EXPECT_NE(pool.error().message.find("PagedCache::create: PreRope<>"), std::string::npos) << pool.error().message;
+  }
+  ModelShape huge = shape_for<PerToken4>();  // a table beyond physical memory: refused, not allocated
+  huge.max_tokens = std::numeric_limits<std::int32_t>::max();
+  auto pool = Pool::create({.shape = huge, .byte_budget = std::size_t{1} << 20, .max_sequences = 1});
+  ASSERT_FALSE(pool);
+  EXPECT_EQ(pool.error().code, Errc::out_of_memory) << pool.error().message;
 }
 
 TEST(PoolPreRopeEdges, PrefixRecordsCarryTheRopeBit) {

@@ -88,6 +88,8 @@ class DeviceRotated<Rotated<Cache, Rot>> {
   using rotation = typename Rot::rotation;
   static constexpr bool rotates_values = Rot::values;
   static constexpr bool rotates_keys = Rot::keys;
+  static_assert(!rotates_keys || !inner_type::pre_rope,
+                "kvpack::cuda::DeviceRotated: keys rotated before RoPE do not commute with it; use Rotate<R, true, false>");
 
   /// Scratch sizes fixed at create.
   struct Options {
@@ -130,6 +132,9 @@ class DeviceRotated<Rotated<Cache, Rot>> {
   /// [n][kv_heads][head_dim] fp32; d_positions: device [n] int32): rotated on the device, then
   /// quantized, in chunks of Options::chunk_tokens. Enqueue only. Errors: DeviceCache::append's
   /// (returned, or recorded for check()); a chunk that fails at once stops the append there.
+  /// Unlike DeviceCache::append, an append of more than chunk_tokens tokens is not all or
+  /// nothing: a chunk whose rows are NaN/Inf or (PreRope<>) whose positions are out of range is
+  /// found on the device after the chunks before it were committed (check() reports it).
   Status append(int layer, const float* d_k, const float* d_v, const std::int32_t* d_positions, std::int64_t n) {
     if (n < 0 || (n > 0 && (!d_k || !d_v || !d_positions)))
       return fail(Errc::invalid_argument, "DeviceRotated::append: n must be >= 0 and the buffers non-null");
@@ -177,6 +182,8 @@ class DeviceRotated<Rotated<Cache, Rot>> {
                 DecodeOptions opt = {})
     requires(inner_type::pre_rope)
   {
+    if (!d_q_pos || (exact.count > 0 && !exact.pos))  // the inner decode's error, before any scratch work
+      return inner_.decode(layer, d_q, d_q_pos, d_out, exact, opt);
     return decode_rotated(layer, d_q, d_out, exact, [&](const float* q, const DeviceRows& rows) {
       return inner_.decode(layer, q, d_q_pos, d_out, rows, opt);
     });

@@ -10,6 +10,8 @@
 //  * head_dim 64, 128, 256; 1, 31, 33, 95 tokens; GQA groups 1, 3, 4, 8, 16; both pairings;
 //    full and partial rotary dims; rope_base 10^4 and 5 * 10^5; exact rows 0, 1, 7, 40 with their
 //    own positions; automatic, 1 and 7 splits; layer 0 and 1;
+//  * values-only rotation over PreRope (DeviceRotated, CudaPreRopeRotated): the same checks, V
+//    rotated on the device and the output rotated back;
 //  * errors: positions outside [0, max_tokens) at append (check(): invalid_argument, nothing
 //    appended), at decode (query, exact row: check() reports them), at upload (before anything
 //    changes); null query/exact positions; a mismatched host RoPE; invalid rope_dims at create.

@@ -62,12 +62,12 @@ struct HeadContents {
 }
 
 /// Checks the RoPE fields of `shape` for a PreRope<> cache. Errc::invalid_argument (prefixed
-/// "KVCache::create: "): rope_base not finite and > 0, rope_dims odd, negative or above head_dim.
-[[nodiscard]] inline Status validate_rope(const ModelShape& shape) {
+/// "<what>: "): rope_base not finite and > 0, rope_dims odd, negative or above head_dim.
+[[nodiscard]] inline Status validate_rope(const ModelShape& shape, const std::string& what = "KVCache::create") {
   if (!(shape.rope_base > 0.f) || std::isinf(shape.rope_base))
-    return fail(Errc::invalid_argument, "KVCache::create: PreRope<>: rope_base must be finite and > 0");
+    return fail(Errc::invalid_argument, what + ": PreRope<>: rope_base must be finite and > 0");
   if (shape.rope_dims < 0 || shape.rope_dims % 2 != 0 || shape.rope_dims > shape.head_dim)
-    return fail(Errc::invalid_argument, "KVCache::create: PreRope<>: rope_dims (" + std::to_string(shape.rope_dims) +
+    return fail(Errc::invalid_argument, what + ": PreRope<>: rope_dims (" + std::to_string(shape.rope_dims) +
                                             ") must be even and in [0, head_dim]; 0 rotates every channel");
   return {};
 }

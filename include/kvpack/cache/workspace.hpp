@@ -36,6 +36,7 @@ struct Workspace {
   /// PreRope<> caches: the RoPE table and pairing (no positions) for attention an eviction hook
   /// runs itself (SnapKV's scoring); set by KVCache right before it calls the hook, else null.
   const kernels::RopeArgs* rope = nullptr;
+  std::vector<std::int32_t> rope_spill;      ///< a PreRope<> pool's positions of pages spanning a jump
 };
 
 }  // namespace kvpack

@@ -70,8 +70,10 @@ class BasicPagedCache {
   static_assert(!codec_hook::interval_blocks,
                 "kvpack::PagedCache<...>: Keyframe<...> codecs are not supported on the page pool yet");
 
-  /// Creates a pool: the page arena (PoolConfig::byte_budget), room for max_sequences handles.
-  /// Errc::invalid_argument: a bad shape (as KVCache::create), max_sequences < 1,
+  /// Creates a pool: the page arena (PoolConfig::byte_budget), room for max_sequences handles;
+  /// PreRope<>: the RoPE table of positions [0, shape.max_tokens), rope_dims / 2 cos/sin pairs
+  /// each (8 * max_tokens * rope_dims / 2 bytes, outside the budget: 64 MiB at 131072 x 128).
+  /// Errc::invalid_argument: a bad shape or RoPE fields (as KVCache::create), max_sequences < 1,
   /// max_rollback_tokens < 0, a budget below one page; Errc::capacity_exceeded when the arena
   /// cannot be allocated; Errc::out_of_memory when the page headers, reference counts, free list
   /// or slots cannot be (nothing kept).
@@ -151,10 +153,10 @@ class BasicPagedCache {
   }
 
   /// Appends n = positions.size() tokens to `layer` of the sequence, as KVCache::append:
-  /// k, v [n][kv_heads][head_dim] float32 (keys post-RoPE), positions [n]; commits by the same rule,
-  /// taking pages from the pool (and copying a shared open page first).
-  /// Errors, with nothing written: stale handle, layer out of range, wrong sizes, a negative
-  /// position (Errc::invalid_argument); more than shape.max_tokens tokens in the layer, or the
+  /// k, v [n][kv_heads][head_dim] float32 (keys after RoPE; before it with PreRope<>), positions
+  /// [n]; commits by the same rule, taking pages from the pool (and copying a shared open page
+  /// first). Errors, with nothing written: stale handle, layer out of range, wrong sizes, a
+  /// negative position or, PreRope<>, one >= shape.max_tokens (Errc::invalid_argument); more than shape.max_tokens tokens in the layer, or the
   /// page pool exhausted (Errc::capacity_exceeded, naming pages needed and free); NaN/Inf
   /// (Errc::non_finite, naming layer, KV head, token and channel); Errc::out_of_memory when the
   /// rows, page tables or page list cannot grow (every allocation is made before any change and
@@ -436,7 +438,7 @@ class BasicPagedCache {
   void attend_one(const pool_detail::PagedLayer& L, std::span<const float> q, std::span<float> out, Workspace& ws,
                   const float* bias = nullptr) const {
     pool_detail::attend_layer<codec_hook>(shape(), L, *st_->pool, st_->layout, q, out, ws.scratch, ws.refs, bias,
-                                          pre_rope ? &st_->rope : nullptr);
+                                          pre_rope ? &st_->rope : nullptr, &ws.rope_spill);
   }
 
   std::unique_ptr<State> st_;

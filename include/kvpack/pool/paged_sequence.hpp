@@ -216,14 +216,14 @@ inline kernels::HeadSegments segments(const PagedLayer& L, const PagePool& pool,
 /// by KV head on the calling thread, with Codec's kernel (as KVCache::attend); bias: an additive
 /// mask by cache index (AttendArgs::bias) or nullptr; rope: a PreRope<> pool's table and pairing
 /// (the kernels rotate queries and keys at their stored positions, as RopeState does for
-/// KVCache) or nullptr. q, out: [n_q][q_heads][D]. May throw std::bad_alloc (scratch, refs or
-/// position spill growth).
+/// KVCache; spill: the positions of pages that span a jump in them) or nullptr. q, out:
+/// [n_q][q_heads][D]. May throw std::bad_alloc (scratch, refs or spill growth).
 template <class Codec>
 void attend_layer(const ModelShape& shape, const PagedLayer& L, const PagePool& pool, const BlockLayout& layout,
                   std::span<const float> q, std::span<float> out, kernels::Scratch& scratch,
-                  std::vector<kernels::BlockRef>& refs, const float* bias, const kernels::RopeArgs* rope = nullptr) {
+                  std::vector<kernels::BlockRef>& refs, const float* bias, const kernels::RopeArgs* rope = nullptr,
+                  std::vector<std::int32_t>* spill = nullptr) {
   kernels::RopeArgs args;
-  std::vector<std::int32_t> spill;  // positions of pages that span a jump in the caller's positions
   const int D = shape.head_dim, group = shape.q_heads / shape.kv_heads;
   const std::size_t qrow = static_cast<std::size_t>(shape.q_heads) * static_cast<std::size_t>(D);
   const auto n_q = static_cast<std::int64_t>(q.size() / qrow);
@@ -234,7 +234,7 @@ void attend_layer(const ModelShape& shape, const PagedLayer& L, const PagePool& 
     kernels::HeadSegments seg = segments(L, pool, layout, shape.kv_heads, h, refs);
     if (rope != nullptr) {
       args = *rope;
-      rope_original_positions(a, seg, refs, L, layout.tokens, true, args, spill);
+      rope_original_positions(a, seg, refs, L, layout.tokens, true, args, *spill);
       a.rope = &args;
     }
     Codec::attend(a, seg, layout, scratch);

@@ -66,7 +66,13 @@ struct PoolState {
     st->pool = std::move(pool.value());
     st->hist_cap = cfg.max_rollback_tokens > 0 ? cfg.max_rollback_tokens + R + U - 1 : 0;
     if (pre_rope) {  // fixed, so concurrent appends never grow what concurrent attends read
+      if (Status s = validate_rope(cfg.shape, "PagedCache::create"); !s) return s.error();
       const int dims = cfg.shape.rope_dims > 0 ? cfg.shape.rope_dims : cfg.shape.head_dim;
+      const std::size_t table = saturating_bytes(static_cast<std::uint64_t>(cfg.shape.max_tokens), 4 * static_cast<std::uint64_t>(dims));
+      if (table > physical_memory_bytes())  // refused before an overcommitting kernel grants it
+        return fail(Errc::out_of_memory, "PagedCache::create: the PreRope<> RoPE table of max_tokens = " +
+                                             std::to_string(cfg.shape.max_tokens) + " positions would take " +
+                                             std::to_string(table) + " bytes, more than physical memory");
       st->rope_table = kernels::RopeTable(static_cast<double>(cfg.shape.rope_base), dims / 2);
       st->rope_table.ensure(cfg.shape.max_tokens);
       st->rope.table = st->rope_table.data();

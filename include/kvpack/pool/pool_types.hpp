@@ -17,7 +17,8 @@ namespace kvpack {
 /// How a PagedCache is sized.
 struct PoolConfig {
   /// Model shape. `shape.max_tokens` is the capacity of ONE sequence per layer (tokens it may
-  /// hold); the pool as a whole is bounded by `byte_budget`.
+  /// hold) and, PreRope<>, the bound on positions (the RoPE table's size); the pool as a whole
+  /// is bounded by `byte_budget`.
   ModelShape shape;
   /// Bytes of the page arena: floor(byte_budget / page_bytes) pages are available, where
   /// page_bytes is one block payload (BlockLayout::bytes) rounded up to 64 bytes. Must hold at

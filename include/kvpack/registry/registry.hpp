@@ -35,7 +35,7 @@ namespace kvpack::registry {
 struct PolicyInfo {
   std::string name;
   bool in_defaults = false;   ///< run by kvpack-eval when no --policies are given
-  bool pool_capable = false;  ///< make_pool accepts it (no Demote<>, offload or keyframe codec)
+  bool pool_capable = false;  ///< make_pool accepts it (no Demote<>, offload, keyframe codec, PreRope<> with eviction or CacheRelative)
   double key_bits = 0, value_bits = 0;  ///< stored bits per element (codec metadata included)
   bool evicts = false;  ///< an eviction policy: attends update its scores, truncate is Errc::unsupported
 };
@@ -138,8 +138,8 @@ inline Error unknown_name(std::string_view name) {
       }
     } else {
       r = fail(Errc::unsupported, "kvpack registry: policy '" + std::string(name) +
-                                      "' uses demotion, offload or a keyframe codec, which the page pool does not "
-                                      "support yet; "
+                                      "' uses demotion, offload, a keyframe codec or PreRope<> with eviction or "
+                                      "CacheRelative, which the page pool does not support yet; "
                                       "use KVCache<...> for a single sequence");
     }
   });
