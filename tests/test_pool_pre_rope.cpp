@@ -7,6 +7,7 @@
 //    read_back; the latest chunk exact) and the queries at their positions, both pairings, full and
 //    partial rotary dims;
 //  * fork, truncate and attend_batch keep that: a forked child and its parent decode as alone;
+//    prefix attach, page import, swap out/in and truncate after attach decode as appended;
 //  * a position outside the pool's RoPE table ([0, max_tokens), fixed at create) is refused with
 //    nothing changed; the remote prefix records of a PreRope<> pool carry the layout's RoPE bit.
 #include <gtest/gtest.h>
@@ -201,6 +202,74 @@ TYPED_TEST(PoolPreRope, ForkTruncateAndBatchDecodeAsAlone) {
   feed(*c, 66, 5, 300);
   kvtest::expect_same_pages(*pool, *b, *pool, *c);
   EXPECT_TRUE(kvtest::same_bits(kvtest::pool_attend(*pool, *b, 0, qa), kvtest::pool_attend(*pool, *c, 0, qa)));
+}
+
+// Pages that enter a sequence by the prefix cache (attach_prefix) or as payloads (import_pages)
+// carry no positions: the sequence gives them their cache indices, which is what a publisher at
+// positions 0, 1, ... used. Attached, imported, swapped and truncated PreRope sequences decode
+// bit-identically to sequences that appended the same tokens themselves.
+TEST(PoolPreRopeEdges, PrefixImportSwapAndTruncateDecodeAsAppended) {
+  using Pool = Types<PerToken4>::pool;
+  const ModelShape s = shape_for<PerToken4>();
+  const auto row = static_cast<std::size_t>(s.kv_heads) * s.head_dim, qrow = static_cast<std::size_t>(s.q_heads) * s.head_dim;
+  auto pool = Pool::create({.shape = s, .byte_budget = std::size_t{1} << 22, .max_sequences = 8, .max_rollback_tokens = 8});
+  ASSERT_TRUE(pool);
+  std::vector<std::vector<float>> ks, vs;  // per layer, 96 tokens
+  for (int l = 0; l < s.layers; ++l) {
+    ks.push_back(kvtest::normal(96 * row, 11 + 2 * static_cast<std::uint32_t>(l), 2.f));
+    vs.push_back(kvtest::normal(96 * row, 12 + 2 * static_cast<std::uint32_t>(l)));
+  }
+  auto feed = [&](SeqId id, int from, int n) {
+    const auto pos = kvtest::iota_positions(from, n);
+    for (int l = 0; l < s.layers; ++l) {
+      const auto at = static_cast<std::ptrdiff_t>(static_cast<std::size_t>(from) * row);
+      const auto end = at + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(n) * row);
+      const std::vector<float> k(ks[static_cast<std::size_t>(l)].begin() + at, ks[static_cast<std::size_t>(l)].begin() + end);
+      const std::vector<float> v(vs[static_cast<std::size_t>(l)].begin() + at, vs[static_cast<std::size_t>(l)].begin() + end);
+      ASSERT_TRUE(pool->append(id, l, k, v, pos));
+    }
+  };
+  const auto q = kvtest::normal(3 * qrow, 99);
+  auto same_as = [&](SeqId x, SeqId y, const char* what) {
+    for (int l = 0; l < s.layers; ++l)
+      EXPECT_TRUE(kvtest::same_bits(kvtest::pool_attend(*pool, x, l, q), kvtest::pool_attend(*pool, y, l, q))) << what << " layer " << l;
+  };
+  const auto tokens = kvtest::iota_positions(1000, 96);  // token ids
+  auto a = pool->create_sequence(), ref = pool->create_sequence();
+  ASSERT_TRUE(a && ref);
+  feed(*a, 0, 96);
+  ASSERT_EQ(*pool->publish_prefix(*a, "m", tokens), 2);  // pages of 32 tokens, 8 held back (Residual<8>)
+  feed(*ref, 0, 64);
+  feed(*ref, 64, 32);
+  auto b = pool->create_sequence();
+  ASSERT_TRUE(b);
+  ASSERT_EQ(*pool->attach_prefix(*b, "m", tokens), 64);
+  feed(*b, 64, 32);
+  same_as(*b, *ref, "attached");
+  std::vector<std::byte> payload;  // ref's first two pages, [page][layer][kv_head][bytes]
+  for (std::size_t page = 0; page < 2; ++page)
+    for (int l = 0; l < s.layers; ++l)
+      for (int h = 0; h < s.kv_heads; ++h) {
+        const auto pages = pool->pages(*ref, l, h);
+        ASSERT_TRUE(pages);
+        payload.insert(payload.end(), (*pages)[page].data, (*pages)[page].data + pool->block_layout().bytes);
+      }
+  auto d = pool->create_sequence();
+  ASSERT_TRUE(d);
+  ASSERT_TRUE(pool->import_pages(*d, payload));
+  feed(*d, 64, 32);
+  same_as(*d, *ref, "imported");
+  const auto before = kvtest::pool_attend(*pool, *ref, 1, q);
+  HostSwapTarget target;
+  ASSERT_TRUE(pool->swap_out(*ref, target));
+  ASSERT_TRUE(pool->swap_in(*ref));
+  EXPECT_TRUE(kvtest::same_bits(before, kvtest::pool_attend(*pool, *ref, 1, q))) << "swapped out and in";
+  ASSERT_TRUE(pool->truncate(*b, 93));  // inside b's latest chunk
+  auto e = pool->create_sequence();
+  ASSERT_TRUE(e);
+  feed(*e, 0, 64);
+  feed(*e, 64, 29);
+  same_as(*b, *e, "truncated");
 }
 
 TEST(PoolPreRopeEdges, PositionsOutsideTheTableAreRefused) {

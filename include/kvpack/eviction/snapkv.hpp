@@ -204,9 +204,11 @@ class SnapKVHook : public HookDefaults {
     // PreRope<> (ws.rope, published by KVCache): the kernel turns each window query at its token's
     // position (a sink's or a pending row's: the window is held exact) and each key at its own
     // (committed slots: the payload's; exact rows: theirs).
+    // (A page pool's evicting store has no PreRope<>: no chunk positions, ws.rope never set.)
+    constexpr bool rope_store = requires { L.chunk_pos; };
     kernels::RopeArgs rope;
     std::vector<std::int32_t> obs_pos;
-    if (ws.rope != nullptr) {
+    if (rope_store && ws.rope != nullptr) {
       rope = *ws.rope;
       obs_pos.resize(static_cast<std::size_t>(n_obs));
       const std::int64_t pend_first = L.total - L.pend.size();
@@ -219,10 +221,12 @@ class SnapKVHook : public HookDefaults {
     }
     for (int h = 0; h < shape_.kv_heads && n_obs > 0; ++h) {
       kernels::HeadSegments seg = st.segments(li, h, *this, NoOffload::state{}, ws.refs);
-      if (ws.rope != nullptr) {
-        seg.sinks.pos = L.sink_pos.empty() ? nullptr : L.sink_pos.data();
-        seg.pending.pos = L.pend.positions();
-        seg.chunk.pos = L.chunk_pos.data() + (seg.chunk.first - (L.total - L.chunk_tokens));
+      if constexpr (rope_store) {
+        if (ws.rope != nullptr) {
+          seg.sinks.pos = L.sink_pos.empty() ? nullptr : L.sink_pos.data();
+          seg.pending.pos = L.pend.positions();
+          seg.chunk.pos = L.chunk_pos.data() + (seg.chunk.first - (L.total - L.chunk_tokens));
+        }
       }
       std::vector<float>& agg = ws.head_mass[static_cast<std::size_t>(h)];
       agg.assign(static_cast<std::size_t>(st.ordinals(seg)), 0.f);
@@ -230,7 +234,7 @@ class SnapKVHook : public HookDefaults {
         const std::int64_t qoff = (static_cast<std::int64_t>(h) * group + j) * shape_.head_dim;
         kernels::AttendArgs a = st.args_for(L, S.obs_q.data() + qoff, out.data() + qoff, n_obs, 1);
         a.q_first = S.obs_first;
-        a.rope = ws.rope != nullptr ? &rope : nullptr;
+        a.rope = rope_store && ws.rope != nullptr ? &rope : nullptr;
         ws.mass.assign(agg.size(), 0.f);
         a.key_mass = ws.mass.data();
         St::codec::attend(a, seg, st.layout(), ws.scratch);
