@@ -15,22 +15,11 @@
 
 #include "kvpack/kvpack.hpp"
 #include "support/reference.hpp"
+#include "support/rope_ref.hpp"
 
 namespace snapkv_pre_rope_test {
 
 using namespace kvpack;  // NOLINT: test file
-
-/// Rotates x[0, D) in double to position pos with the shape's RoPE (kernels/rope.hpp convention).
-void rotate64(double* x, const ModelShape& s, double pos) {
-  const int dims = s.rope_dims > 0 ? s.rope_dims : s.head_dim, pairs = dims / 2;
-  for (int i = 0; i < pairs; ++i) {
-    const double ang = pos * std::pow(static_cast<double>(s.rope_base), -2.0 * i / dims);
-    const int a = s.rope_neox ? i : 2 * i, b = s.rope_neox ? i + pairs : 2 * i + 1;
-    const double xa = x[a], xb = x[b];
-    x[a] = xa * std::cos(ang) - xb * std::sin(ang);
-    x[b] = xa * std::sin(ang) + xb * std::cos(ang);
-  }
-}
 
 /// x ([tokens][heads][D]) with row (t, h) rotated to position pos[t].
 std::vector<float> rotated(std::vector<float> x, const ModelShape& s, int heads, const std::vector<std::int32_t>& pos) {
@@ -39,7 +28,7 @@ std::vector<float> rotated(std::vector<float> x, const ModelShape& s, int heads,
     for (int h = 0; h < heads; ++h) {
       float* r = x.data() + (t * static_cast<std::size_t>(heads) + static_cast<std::size_t>(h)) * static_cast<std::size_t>(D);
       std::vector<double> d(r, r + D);
-      rotate64(d.data(), s, pos[t]);
+      kvtest::rope_rotate64(d.data(), s, pos[t]);
       for (int i = 0; i < D; ++i) r[i] = static_cast<float>(d[static_cast<std::size_t>(i)]);
     }
   return x;

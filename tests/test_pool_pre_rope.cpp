@@ -20,6 +20,7 @@
 
 #include "kvpack/offload/cache_layout.hpp"
 #include "support/pool_twin.hpp"
+#include "support/rope_ref.hpp"
 
 namespace pool_pre_rope_test {
 
@@ -43,18 +44,6 @@ ModelShape shape_for() {
   return s;
 }
 
-/// Rotates x[0, D) in double to position pos with the shape's RoPE (kernels/rope.hpp convention).
-void rotate64(double* x, const ModelShape& s, double pos) {
-  const int dims = s.rope_dims > 0 ? s.rope_dims : s.head_dim, pairs = dims / 2;
-  for (int i = 0; i < pairs; ++i) {
-    const double ang = pos * std::pow(static_cast<double>(s.rope_base), -2.0 * i / dims);
-    const int a = s.rope_neox ? i : 2 * i, b = s.rope_neox ? i + pairs : 2 * i + 1;
-    const double xa = x[a], xb = x[b];
-    x[a] = xa * std::cos(ang) - xb * std::sin(ang);
-    x[b] = xa * std::sin(ang) + xb * std::cos(ang);
-  }
-}
-
 /// Max relative error of `got` (attention of the n_q newest tokens of `layer`, queries q at
 /// positions q_pos) against float64: keys and values from the pool's read_back for tokens before
 /// the latest chunk, the latest chunk's own rows (k, v: [chunk][kv_heads][D]) exactly.
@@ -74,20 +63,20 @@ double error_vs_float64(const Pool& pool, SeqId id, int layer, const std::vector
     for (std::size_t r = 0; r < c->indices.size() && c->indices[r] < chunk_start; ++r) {
       ks.emplace_back(c->k.begin() + static_cast<std::ptrdiff_t>(r * D), c->k.begin() + static_cast<std::ptrdiff_t>((r + 1) * D));
       vs.emplace_back(c->v.begin() + static_cast<std::ptrdiff_t>(r * D), c->v.begin() + static_cast<std::ptrdiff_t>((r + 1) * D));
-      rotate64(ks.back().data(), s, c->positions[r]);
+      kvtest::rope_rotate64(ks.back().data(), s, c->positions[r]);
     }
     for (std::int64_t t = 0; t < chunk; ++t) {
       const std::size_t at = (static_cast<std::size_t>(t) * s.kv_heads + h) * D;
       ks.emplace_back(k.begin() + static_cast<std::ptrdiff_t>(at), k.begin() + static_cast<std::ptrdiff_t>(at + D));
       vs.emplace_back(v.begin() + static_cast<std::ptrdiff_t>(at), v.begin() + static_cast<std::ptrdiff_t>(at + D));
-      rotate64(ks.back().data(), s, chunk_pos[static_cast<std::size_t>(t)]);
+      kvtest::rope_rotate64(ks.back().data(), s, chunk_pos[static_cast<std::size_t>(t)]);
     }
     for (int i = 0; i < n_q; ++i) {
       const auto visible = static_cast<std::size_t>(total - n_q + i + 1);  // causal: cache indices <= its own
       for (int j = 0; j < group; ++j) {
         const std::size_t qa = (static_cast<std::size_t>(i) * s.q_heads + h * group + j) * D;
         std::vector<double> qr(q.begin() + static_cast<std::ptrdiff_t>(qa), q.begin() + static_cast<std::ptrdiff_t>(qa + D));
-        rotate64(qr.data(), s, q_pos[static_cast<std::size_t>(i)]);
+        kvtest::rope_rotate64(qr.data(), s, q_pos[static_cast<std::size_t>(i)]);
         std::vector<double> sc(visible);
         double mx = -INFINITY, l = 0;
         for (std::size_t t = 0; t < visible; ++t) {

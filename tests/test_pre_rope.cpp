@@ -15,22 +15,11 @@
 #include "kvpack/executor.hpp"
 #include "kvpack/kvpack.hpp"
 #include "support/reference.hpp"
+#include "support/rope_ref.hpp"
 
 namespace {
 
 using namespace kvpack;  // NOLINT: test file
-
-/// Rotates x[0, D) in double to position pos with the shape's RoPE (kernels/rope.hpp convention).
-void prerope_rotate64(double* x, const ModelShape& s, double pos) {
-  const int dims = s.rope_dims > 0 ? s.rope_dims : s.head_dim, pairs = dims / 2;
-  for (int i = 0; i < pairs; ++i) {
-    const double ang = pos * std::pow(static_cast<double>(s.rope_base), -2.0 * i / dims);
-    const int a = s.rope_neox ? i : 2 * i, b = s.rope_neox ? i + pairs : 2 * i + 1;
-    const double xa = x[a], xb = x[b];
-    x[a] = xa * std::cos(ang) - xb * std::sin(ang);
-    x[b] = xa * std::sin(ang) + xb * std::cos(ang);
-  }
-}
 
 /// Drives a PreRope cache beside the float64 reference.
 template <class Cache>
@@ -80,7 +69,7 @@ class RopeHarness {
         }
         // Original positions as appended (not read_back's, which come from the same bookkeeping).
         EXPECT_EQ(c->positions[r], pos_[idx]) << "cache index " << idx;
-        prerope_rotate64(row.data(), s_, Cache::rope_cache_relative ? static_cast<double>(r) : pos_[idx]);
+        kvtest::rope_rotate64(row.data(), s_, Cache::rope_cache_relative ? static_cast<double>(r) : pos_[idx]);
         std::copy(row.begin(), row.end(), K.begin() + static_cast<std::ptrdiff_t>(r * D));
       }
       for (int i = 0; i < n_q; ++i) {
@@ -89,7 +78,7 @@ class RopeHarness {
         for (int j = 0; j < G; ++j) {
           const size_t at = (static_cast<size_t>(i) * s_.q_heads + static_cast<size_t>(h * G + j)) * D;
           std::copy_n(q.begin() + static_cast<std::ptrdiff_t>(at), D, row.begin());
-          prerope_rotate64(row.data(), s_, q_pos);
+          kvtest::rope_rotate64(row.data(), s_, q_pos);
           std::copy(row.begin(), row.end(), Q.begin() + static_cast<std::ptrdiff_t>((static_cast<size_t>(i) * G + j) * D));
         }
       }
@@ -239,7 +228,7 @@ TEST(PreRope, Fp32EqualsPostRopeCache) {
       for (size_t r = 0; r < rows_per_token; ++r) {
         std::vector<double> d(x.begin() + static_cast<std::ptrdiff_t>((t * rows_per_token + r) * 64),
                               x.begin() + static_cast<std::ptrdiff_t>((t * rows_per_token + r + 1) * 64));
-        prerope_rotate64(d.data(), s, p[t]);
+        kvtest::rope_rotate64(d.data(), s, p[t]);
         std::copy(d.begin(), d.end(), x.begin() + static_cast<std::ptrdiff_t>((t * rows_per_token + r) * 64));
       }
   };

@@ -30,23 +30,12 @@
 #include "cuda/support/device_buffer.hpp"
 #include "kvpack/kvpack.hpp"
 #include "support/reference.hpp"
+#include "support/rope_ref.hpp"
 
 namespace {
 
 using namespace kvpack;  // NOLINT: test file
 using kvtest::DeviceVector;
-
-/// Rotates x[0, D) in double to position pos with the shape's RoPE (kernels/rope.hpp convention).
-void rotate64(double* x, const ModelShape& s, double pos) {
-  const int dims = s.rope_dims > 0 ? s.rope_dims : s.head_dim, pairs = dims / 2;
-  for (int i = 0; i < pairs; ++i) {
-    const double ang = pos * std::pow(static_cast<double>(s.rope_base), -2.0 * i / dims);
-    const int a = s.rope_neox ? i : 2 * i, b = s.rope_neox ? i + pairs : 2 * i + 1;
-    const double xa = x[a], xb = x[b];
-    x[a] = xa * std::cos(ang) - xb * std::sin(ang);
-    x[b] = xa * std::sin(ang) + xb * std::cos(ang);
-  }
-}
 
 std::vector<float> random_rows(std::size_t n, std::mt19937& rng, int D, float outlier) {
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -147,19 +136,19 @@ void run_case(const Case& c) {
     for (std::size_t r = 0; r < contents->indices.size(); ++r) {
       ks.emplace_back(contents->k.begin() + static_cast<std::ptrdiff_t>(r * D), contents->k.begin() + static_cast<std::ptrdiff_t>((r + 1) * D));
       EXPECT_EQ(contents->positions[r], spaced(static_cast<std::int64_t>(r)));
-      rotate64(ks.back().data(), shape, contents->positions[r]);
+      kvtest::rope_rotate64(ks.back().data(), shape, contents->positions[r]);
       vs.push_back(contents->v.data() + r * static_cast<std::size_t>(D));
     }
     for (int r = 0; r < c.exact; ++r) {
       const float* src = ek.data() + static_cast<std::size_t>(r) * row + static_cast<std::size_t>(h * D);
       ks.emplace_back(src, src + D);
-      rotate64(ks.back().data(), shape, epos[static_cast<std::size_t>(r)]);
+      kvtest::rope_rotate64(ks.back().data(), shape, epos[static_cast<std::size_t>(r)]);
       vs.push_back(ev.data() + static_cast<std::size_t>(r) * row + static_cast<std::size_t>(h * D));
     }
     for (int j = 0; j < c.group; ++j) {
       const float* qf = q.data() + static_cast<std::size_t>((h * c.group + j) * D);
       std::vector<double> qr(qf, qf + D);
-      rotate64(qr.data(), shape, q_pos);
+      kvtest::rope_rotate64(qr.data(), shape, q_pos);
       std::vector<double> s(ks.size());
       double mx = -INFINITY;
       for (std::size_t t = 0; t < ks.size(); ++t) {

@@ -37,6 +37,15 @@ inline constexpr bool rope_cache_relative_v = [] {
   else return false;
 }();
 
+/// Points seg's exact rows (sinks, pending rows, the latest chunk's non-sink rows) at layer L's
+/// own original positions, for the kernels' RoPE.
+template <class Layer>
+void rope_exact_positions(kernels::HeadSegments& seg, const Layer& L) noexcept {
+  seg.sinks.pos = L.sink_pos.empty() ? nullptr : L.sink_pos.data();
+  seg.pending.pos = L.pend.positions();
+  seg.chunk.pos = L.chunk_pos.data() + (seg.chunk.first - (L.total - L.chunk_tokens));
+}
+
 /// Original positions of a layer without eviction for the kernels (RopeState<PreRope<>> and the
 /// page pool): blocks (refs[i] holds the layer's quantized tokens [i * B, i * B + count)) get
 /// their slots' positions from L.block_pos when `from_runs` (payloads without slot positions): a
@@ -75,11 +84,8 @@ void rope_original_positions(const kernels::AttendArgs& a, kernels::HeadSegments
       }
     }
   }
-  const std::int32_t* chunk = L.chunk_pos.data();
-  seg.sinks.pos = L.sink_pos.empty() ? nullptr : L.sink_pos.data();
-  seg.pending.pos = L.pend.positions();
-  seg.chunk.pos = chunk + (seg.chunk.first - (L.total - L.chunk_tokens));  // the chunk's non-sink rows
-  args.q_pos = chunk + (L.chunk_tokens - a.n_q);
+  rope_exact_positions(seg, L);
+  args.q_pos = L.chunk_pos.data() + (L.chunk_tokens - a.n_q);
 }
 
 /// No RoPE in the cache (PostRope): every call does nothing.

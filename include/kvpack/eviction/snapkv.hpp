@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kvpack/cache/offload_hooks.hpp"
+#include "kvpack/cache/rope_state.hpp"
 #include "kvpack/detail/secure_zero.hpp"
 #include "kvpack/eviction/budget.hpp"
 #include "kvpack/eviction/hook.hpp"
@@ -221,13 +222,8 @@ class SnapKVHook : public HookDefaults {
     }
     for (int h = 0; h < shape_.kv_heads && n_obs > 0; ++h) {
       kernels::HeadSegments seg = st.segments(li, h, *this, NoOffload::state{}, ws.refs);
-      if constexpr (rope_store) {
-        if (ws.rope != nullptr) {
-          seg.sinks.pos = L.sink_pos.empty() ? nullptr : L.sink_pos.data();
-          seg.pending.pos = L.pend.positions();
-          seg.chunk.pos = L.chunk_pos.data() + (seg.chunk.first - (L.total - L.chunk_tokens));
-        }
-      }
+      if constexpr (rope_store)
+        if (ws.rope != nullptr) rope_exact_positions(seg, L);
       std::vector<float>& agg = ws.head_mass[static_cast<std::size_t>(h)];
       agg.assign(static_cast<std::size_t>(st.ordinals(seg)), 0.f);
       for (int j = 0; j < group; ++j) {  // one query head at a time: mean or max over the group

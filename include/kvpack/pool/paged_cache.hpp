@@ -59,16 +59,10 @@ class BasicPagedCache {
   static constexpr int commit_unit = codec_hook::commit_unit;
   static constexpr double key_bits_per_value = single::key_bits_per_value;
   static constexpr double value_bits_per_value = single::value_bits_per_value;
-  static_assert(!single::evicts, "kvpack::BasicPagedCache<...>: evicting policies use EvictingPagedCache (name PagedCache<...>)");
   /// PreRope<OriginalPositions>: keys and queries given before RoPE, turned by the kernels at the
   /// stored positions (rope_state.hpp); positions must be < max_tokens (a table fixed at create).
   static constexpr bool pre_rope = single::pre_rope;
-  static_assert(!single::offloads, "kvpack::PagedCache<...>: Offload<> is not supported on the page pool yet");
-  static_assert(!pre_rope || !single::rope_cache_relative,
-                "kvpack::PagedCache<...>: PreRope<CacheRelative> is not supported on the page pool (without eviction a "
-                "token's rank is its cache index: use PreRope<OriginalPositions> with positions 0, 1, ...)");
-  static_assert(!codec_hook::interval_blocks,
-                "kvpack::PagedCache<...>: Keyframe<...> codecs are not supported on the page pool yet");
+  static_assert(pool_detail::check_basic_pool<single>());  // the policies this pool refuses, by name
 
   /// Creates a pool: the page arena (PoolConfig::byte_budget), room for max_sequences handles;
   /// PreRope<>: the RoPE table of positions [0, shape.max_tokens), rope_dims / 2 cos/sin pairs

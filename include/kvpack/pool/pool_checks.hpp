@@ -17,6 +17,20 @@
 
 namespace kvpack::pool_detail {
 
+/// Fails to compile, naming the policy, when KVCache type Single cannot live on a page pool
+/// without eviction (BasicPagedCache); returns true otherwise.
+template <class Single>
+consteval bool check_basic_pool() {
+  static_assert(!Single::evicts, "kvpack::BasicPagedCache<...>: evicting policies use EvictingPagedCache (name PagedCache<...>)");
+  static_assert(!Single::offloads, "kvpack::PagedCache<...>: Offload<> is not supported on the page pool yet");
+  static_assert(!Single::pre_rope || !Single::rope_cache_relative,
+                "kvpack::PagedCache<...>: PreRope<CacheRelative> is not supported on the page pool (without eviction a "
+                "token's rank is its cache index: use PreRope<OriginalPositions> with positions 0, 1, ...)");
+  static_assert(!Single::codec_hook::interval_blocks,
+                "kvpack::PagedCache<...>: Keyframe<...> codecs are not supported on the page pool yet");
+  return true;
+}
+
 /// Checks an append of positions.size() tokens to a layer holding `held` tokens: k and v sizes,
 /// capacity (shape.max_tokens per sequence and layer), negative positions (and, rope_table,
 /// positions >= max_tokens: a PreRope<> pool's table); non-finite values too unless `values` is
