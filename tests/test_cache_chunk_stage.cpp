@@ -38,7 +38,7 @@ TEST(CopyFinite, CopiesEveryValueAndFindsEachNonFiniteOne) {
   const float bad[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
                        std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
                        std::bit_cast<float>(0x7F800001u)};  // a signalling NaN
-  for (std::size_t n : {0u, 1u, 15u, 16u, 17u, 31u, 33u, 95u}) {
+  for (std::size_t n : {0u, 1u, 15u, 16u, 17u, 31u, 32u, 33u, 64u, 95u, 130u}) {  // the AVX2 loop takes 32 at a time
     std::vector<float> src = finite_values(n), dst(n, 7.f);
     EXPECT_TRUE(copy_finite(src.data(), dst.data(), n)) << n;
     EXPECT_TRUE(same_bits(src, dst)) << n;

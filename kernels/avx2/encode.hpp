@@ -188,6 +188,50 @@ template <int G>
   }
 }
 
+/// The ranges of `count` (1-4) consecutive groups of G values at x (G % 8 == 0) as lanes of lo
+/// and hi, bit-identical to group_range<G> of each (lanes past count: 1.0, finite, for derive4's
+/// unused lanes): the groups' min/max reduced and transposed in registers. Lanes go through
+/// memory only when one ends at a signed zero (rescanned): 4 scalar stores read back as one
+/// vector cannot be forwarded from the store buffer, and that stall took 17 % of an INT4 row's
+/// encoding.
+template <int G>
+inline void group_ranges4(const float* x, int count, __m128& lo, __m128& hi) noexcept {
+  static_assert(G % 8 == 0);
+  __m128 l[4], h[4];
+  for (int g = 0; g < 4; ++g) {
+    if (g >= count) {
+      l[g] = h[g] = _mm_set1_ps(1.f);
+      continue;
+    }
+    const float* p = x + g * G;
+    __m256 a = _mm256_loadu_ps(p), b = a;
+    for (int i = 8; i < G; i += 8) {
+      const __m256 v = _mm256_loadu_ps(p + i);
+      a = _mm256_min_ps(a, v);
+      b = _mm256_max_ps(b, v);
+    }
+    l[g] = _mm_min_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    h[g] = _mm_max_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+  }
+  // 4x4 transpose, then the min (max) across rows: lane g is group g's reduction.
+  auto reduce = [](__m128 r0, __m128 r1, __m128 r2, __m128 r3, auto op) {
+    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+    return op(op(r0, r1), op(r2, r3));
+  };
+  lo = reduce(l[0], l[1], l[2], l[3], [](__m128 u, __m128 v) { return _mm_min_ps(u, v); });
+  hi = reduce(h[0], h[1], h[2], h[3], [](__m128 u, __m128 v) { return _mm_max_ps(u, v); });
+  const __m128 zero = _mm_setzero_ps();
+  if (_mm_movemask_ps(_mm_or_ps(_mm_cmpeq_ps(lo, zero), _mm_cmpeq_ps(hi, zero))) != 0) {
+    alignas(16) float lo_s[4] = {1.f, 1.f, 1.f, 1.f}, hi_s[4] = {1.f, 1.f, 1.f, 1.f};
+    for (int g = 0; g < count; ++g) {
+      const kvpack::detail::GroupRange r = group_range<G>(x + g * G);
+      lo_s[g] = r.min, hi_s[g] = r.max;
+    }
+    lo = _mm_load_ps(lo_s);
+    hi = _mm_load_ps(hi_s);
+  }
+}
+
 /// Encodes one per-token row of n values (as kvpack::encode_row<C>): metadata by the codec's
 /// derive and store_params, codes by encode_codes against the stored parameters.
 template <simd::IntCodecFamily C>
@@ -200,25 +244,36 @@ inline void encode_row(const float* x, int n, std::byte* codes, std::byte* meta)
   for (int g0 = 0; g0 < n / G; g0 += kMaxGroups) {
     const int ng = std::min(kMaxGroups, n / G - g0);
     alignas(16) float lo[kMaxGroups + 3], hi[kMaxGroups + 3], scale[kMaxGroups + 3], zero[kMaxGroups + 3];
-    for (int g = 0; g < ng; ++g) {
-      const kvpack::detail::GroupRange r = group_range<G>(x + (g0 + g) * G);
-      lo[g] = r.min, hi[g] = r.max;
-    }
     std::byte* m0 = meta + g0 * C::meta_bytes_per_group;
-    if constexpr (kDerive4<C>) {
-      for (int g = ng; g < ng + 3; ++g) lo[g] = hi[g] = 1.f;  // padding lanes: finite, not stored
-      for (int g = 0; g < ng; g += 4) {
-        __m128 s, z;
-        derive4<C>(_mm_load_ps(lo + g), _mm_load_ps(hi + g), std::min(4, ng - g), m0 + g * C::meta_bytes_per_group, s, z);
+    if constexpr (kDerive4<C> && G % 8 == 0) {
+      for (int g = 0; g < ng; g += 4) {  // ranges of 4 groups at a time, in registers
+        const int count = std::min(4, ng - g);
+        __m128 l, h, s, z;
+        group_ranges4<G>(x + (g0 + g) * G, count, l, h);
+        derive4<C>(l, h, count, m0 + g * C::meta_bytes_per_group, s, z);
         _mm_store_ps(scale + g, s);
         _mm_store_ps(zero + g, z);
       }
     } else {
       for (int g = 0; g < ng; ++g) {
-        std::byte* m = m0 + g * C::meta_bytes_per_group;
-        C::store_params(C::from_range({lo[g], hi[g]}), m);
-        const GroupParams p = C::load_params(m);
-        scale[g] = p.scale, zero[g] = p.zero;
+        const kvpack::detail::GroupRange r = group_range<G>(x + (g0 + g) * G);
+        lo[g] = r.min, hi[g] = r.max;
+      }
+      if constexpr (kDerive4<C>) {
+        for (int g = ng; g < ng + 3; ++g) lo[g] = hi[g] = 1.f;  // padding lanes: finite, not stored
+        for (int g = 0; g < ng; g += 4) {
+          __m128 s, z;
+          derive4<C>(_mm_load_ps(lo + g), _mm_load_ps(hi + g), std::min(4, ng - g), m0 + g * C::meta_bytes_per_group, s, z);
+          _mm_store_ps(scale + g, s);
+          _mm_store_ps(zero + g, z);
+        }
+      } else {
+        for (int g = 0; g < ng; ++g) {
+          std::byte* m = m0 + g * C::meta_bytes_per_group;
+          C::store_params(C::from_range({lo[g], hi[g]}), m);
+          const GroupParams p = C::load_params(m);
+          scale[g] = p.scale, zero[g] = p.zero;
+        }
       }
     }
     for (int g = 0; g < ng; ++g)

@@ -12,6 +12,11 @@
 #include <span>
 #include <vector>
 
+#include "kvpack/config.hpp"
+#if KVPACK_HAS_AVX2
+#include <immintrin.h>
+#endif
+
 #include "kvpack/cache/alloc_guard.hpp"
 #include "kvpack/cache/input_checks.hpp"
 #include "kvpack/detail/secure_zero.hpp"
@@ -19,11 +24,34 @@
 namespace kvpack {
 
 /// Copies n floats from src to dst (not overlapping) and returns whether all of them are finite
-/// (cache_detail::all_finite's exponent test, made during the copy).
+/// (cache_detail::all_finite's exponent test, made during the copy). With AVX2, 32 floats per
+/// step in intrinsics: g++ 12 -O3 turned the portable loop into permutes and blends that took
+/// 34 % of an INT4 append (bench_append, 8B-class 512-token chunks).
 [[nodiscard]] inline bool copy_finite(const float* __restrict src, float* __restrict dst, std::size_t n) noexcept {
   constexpr std::uint32_t magnitude = 0x7FFFFFFFu, first_non_finite = 0x7F800000u;
   std::uint32_t top = 0;
   std::size_t i = 0;
+#if KVPACK_HAS_AVX2
+  {
+    const __m256i mag = _mm256_set1_epi32(static_cast<int>(magnitude));
+    __m256i t0 = _mm256_setzero_si256(), t1 = t0;
+    for (; i + 32 <= n; i += 32) {
+      const __m256 a = _mm256_loadu_ps(src + i), b = _mm256_loadu_ps(src + i + 8);
+      const __m256 c = _mm256_loadu_ps(src + i + 16), d = _mm256_loadu_ps(src + i + 24);
+      _mm256_storeu_ps(dst + i, a);
+      _mm256_storeu_ps(dst + i + 8, b);
+      _mm256_storeu_ps(dst + i + 16, c);
+      _mm256_storeu_ps(dst + i + 24, d);
+      const __m256i ma = _mm256_and_si256(_mm256_castps_si256(a), mag), mb = _mm256_and_si256(_mm256_castps_si256(b), mag);
+      const __m256i mc = _mm256_and_si256(_mm256_castps_si256(c), mag), md = _mm256_and_si256(_mm256_castps_si256(d), mag);
+      t0 = _mm256_max_epu32(t0, _mm256_max_epu32(ma, mb));
+      t1 = _mm256_max_epu32(t1, _mm256_max_epu32(mc, md));
+    }
+    alignas(32) std::uint32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_max_epu32(t0, t1));
+    for (const std::uint32_t l : lanes) top = std::max(top, l);
+  }
+#endif
   for (; i + 16 <= n; i += 16) {  // fixed steps: g++ -O2 vectorizes loops without an epilogue
     std::uint32_t step = 0;
     for (std::size_t j = 0; j < 16; ++j) {
