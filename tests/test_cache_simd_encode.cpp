@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -249,6 +250,28 @@ TEST(CacheSimdEncodeEdges, HalfLevelsEqualTheScalarDivision) {
   check_half_levels<Int8<Group<256>, Asymmetric>>();
   check_half_levels<Int3<Group<16>>>();
   check_half_levels<Int2<Group<8>, Asymmetric>>();
+}
+
+// AVX2's fp16 rows against the scalar conversion: every 1021st finite fp32 bit pattern (both
+// signs; fp16 subnormals, ties, values past 65504 that saturate), in rows of 1-40 values so the
+// 8-wide body and the scalar tail both run.
+TEST(CacheSimdEncodeEdges, Fp16RowsEqualTheScalarConversion) {
+  std::vector<float> x;
+  for (std::uint64_t b = 0; b < 0x100000000ull; b += 1021) {
+    const float f = std::bit_cast<float>(static_cast<std::uint32_t>(b));
+    if (std::isfinite(f)) x.push_back(f);
+  }
+  for (float f : {65504.f, 65519.f, 65520.f, 65536.f, 0x1p-24f, 0x1p-25f, 0x1.8p-25f, 0x1p-14f})
+    for (float sign : {1.f, -1.f}) x.push_back(sign * f);
+  std::vector<std::byte> a(2 * x.size()), b(a.size());
+  std::size_t at = 0;
+  for (int len = 1; at < x.size(); len = len % 40 + 1) {
+    const int n = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(len), x.size() - at));
+    kernels::avx2::encode_row_fp16(x.data() + at, n, a.data() + 2 * at);
+    encode_row<Fp16>(x.data() + at, n, b.data() + 2 * at, nullptr);
+    at += static_cast<std::size_t>(n);
+  }
+  EXPECT_EQ(a, b);
 }
 
 TEST(CacheSimdEncodeEdges, ScalesJustAboveAnFp16Value) {

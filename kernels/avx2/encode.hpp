@@ -1,5 +1,6 @@
-// AVX2 quantizer of the integer codecs (the encode side of kernels/avx2/codes.hpp), bit-identical
-// to the scalar encoder (include/kvpack/codec/rows.hpp: encode_row, encode_channels):
+// AVX2 quantizer of the integer codecs (the encode side of kernels/avx2/codes.hpp) and the fp16
+// row conversion (encode_row_fp16), bit-identical to the scalar encoder
+// (include/kvpack/codec/rows.hpp: encode_row, encode_channels):
 //  * codes: q = clamp(rne((x - zero) / scale)), a true division, clamp before the conversion,
 //    round half to even by _mm256_round_ps; packed as the scalar store_code does (INT4: element
 //    2i in the low nibble of byte i, symmetric q + 8; INT3/INT2: the LSB-first bit stream of
@@ -23,6 +24,7 @@
 
 #include "kvpack/codec/rows.hpp"
 #include "kvpack/kernels/simd_common.hpp"
+#include "kvpack/numeric.hpp"
 
 namespace kvpack::kernels::avx2 {
 
@@ -279,6 +281,23 @@ inline void encode_row(const float* x, int n, std::byte* codes, std::byte* meta)
     for (int g = 0; g < ng; ++g)
       encode_codes<C>(x + (g0 + g) * G, G, GroupParams{scale[g], zero[g]},
                       codes + C::code_bytes(static_cast<std::size_t>((g0 + g) * G)));
+  }
+}
+
+/// Encodes one row of n finite values as fp16 codes (Fp16's layout: 2 bytes per value, no
+/// metadata), bit-identical to kvpack::encode_row<Fp16>: F16C's round-half-to-even conversion
+/// after a clamp to +-65504, which gives fp16_from_float's saturation (F16C alone turns
+/// |x| >= 65520 into Inf). 8 values per step, the tail through the scalar conversion.
+inline void encode_row_fp16(const float* x, int n, std::byte* codes) noexcept {
+  const __m256 lim = _mm256_set1_ps(kFp16Max), neg_lim = _mm256_set1_ps(-kFp16Max);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_loadu_ps(x + i), neg_lim), lim);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 2 * i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  for (; i < n; ++i) {
+    const std::uint16_t c = fp16_from_float(x[i]);
+    std::memcpy(codes + 2 * i, &c, 2);
   }
 }
 

@@ -40,6 +40,7 @@ template <bool Evicts, class St, class Hook, class Off>
   } else {
     // Tokens committed within this append skip the pending rows: encoded from the chunk copy.
     const std::int64_t direct = st.direct_tokens(layer, n, hook);
+    if (direct > 0) st.commit_pending(layer);  // older than the direct tokens: encoded first
     st.push(L, k, v, positions, direct);
     st.commit_direct(layer, direct);
     const bool committed = st.commit(layer, hook) || direct > 0;

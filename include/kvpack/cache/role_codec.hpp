@@ -33,13 +33,17 @@ struct RoleRegion {
 };
 
 /// Encodes one per-token row of n values with the backend's quantizer: the AVX2 / NEON integer
-/// quantizers (kernels/avx2/encode.hpp, kernels/neon/codes.hpp, bit-identical to encode_row, tested in
-/// tests/test_cache_simd_encode.cpp) where the backend has one, else the scalar encode_row.
+/// quantizers and AVX2's fp16 conversion (kernels/avx2/encode.hpp, kernels/neon/codes.hpp,
+/// bit-identical to encode_row, tested in tests/test_cache_simd_encode.cpp) where the backend has
+/// one, else the scalar encode_row.
 template <class BackendTag, KvCodec C>
 void encode_row_on(const float* x, int n, std::byte* codes, std::byte* meta) noexcept {
 #if KVPACK_HAS_AVX2
   if constexpr (std::is_same_v<BackendTag, Avx2> && kernels::simd::IntCodecFamily<C>) {
     kernels::avx2::encode_row<C>(x, n, codes, meta);
+    return;
+  } else if constexpr (std::is_same_v<BackendTag, Avx2> && std::is_same_v<C, Fp16>) {
+    kernels::avx2::encode_row_fp16(x, n, codes);
     return;
   }
 #endif
