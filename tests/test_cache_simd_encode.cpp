@@ -131,7 +131,7 @@ void check_scale_edges() {
     encode_row<C>(x.data() + g * G, G, b.data() + at, b.data() + at + code_bytes);
   }
   EXPECT_EQ(a, b) << "rows";
-  // Rows of 5 groups: the encoder takes four groups' ranges in registers, the fifth through memory.
+  // Rows of 5 groups: the encoder reduces four groups' ranges in registers, then the fifth alone.
   const int rows5 = groups / 5;
   const std::size_t row5 = C::code_bytes(static_cast<std::size_t>(5 * G)) + 5 * C::meta_bytes_per_group;
   std::vector<std::byte> a5(rows5 * row5), b5(a5.size());
@@ -155,8 +155,8 @@ void check_scale_edges() {
   EXPECT_EQ(ca, cb) << "channels";
 }
 
-// Rows of 1-9 groups (the AVX2 encoder reduces four groups' ranges at a time in registers and
-// the last 1-3 through memory): bytes equal the scalar encoder's, with groups whose range ends
+// Rows of 1-9 groups (the AVX2 encoder reduces the ranges of four groups at a time in registers,
+// the last 1-3 as a partial quad; signed-zero ends are rescanned): bytes equal the scalar encoder's, with groups whose range ends
 // at a signed zero (-0 before +0 or the reverse), constant and all-zero groups in every lane.
 template <class C>
 void check_long_rows() {

@@ -19,8 +19,10 @@ namespace kvpack {
 
 /// Appends n = positions.size() >= 1 validated tokens, staged by st.stage_chunk (which checked
 /// them for NaN/Inf), to `layer` of `st`: the eviction hook's
-/// before_append and the lazy commit (Evicts), the push, then enforce (Evicts) or commit and
-/// hand-over of full blocks to the offload state. Errors: the hook's before_append; may throw
+/// before_append and the lazy commit (Evicts), the push, then enforce (Evicts) or, without
+/// eviction, the pending rows that commit ahead of the chunk's direct tokens (commit_pending),
+/// the direct tokens (commit_direct), the rest of the commit and the hand-over of full blocks
+/// to the offload state. Errors: the hook's before_append; may throw
 /// std::bad_alloc from reserve_append, before any change (see the file comment for the rest).
 template <bool Evicts, class St, class Hook, class Off>
 [[nodiscard]] Status append_tokens(St& st, Hook& hook, Workspace& ws, Off& off, int layer, std::span<const float> k,
@@ -40,7 +42,7 @@ template <bool Evicts, class St, class Hook, class Off>
   } else {
     // Tokens committed within this append skip the pending rows: encoded from the chunk copy.
     const std::int64_t direct = st.direct_tokens(layer, n, hook);
-    if (direct > 0) st.commit_pending(layer);  // older than the direct tokens: encoded first
+    if (direct > 0 && !L.pend.empty()) st.commit_pending(layer);  // older than the direct tokens: encoded first
     st.push(L, k, v, positions, direct);
     st.commit_direct(layer, direct);
     const bool committed = st.commit(layer, hook) || direct > 0;

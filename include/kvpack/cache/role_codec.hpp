@@ -34,8 +34,8 @@ struct RoleRegion {
 
 /// Encodes one per-token row of n values with the backend's quantizer: the AVX2 / NEON integer
 /// quantizers and AVX2's fp16 conversion (kernels/avx2/encode.hpp, kernels/neon/codes.hpp,
-/// bit-identical to encode_row, tested in tests/test_cache_simd_encode.cpp) where the backend has
-/// one, else the scalar encode_row.
+/// bit-identical to encode_row for finite x, as every append stages them, tested in
+/// tests/test_cache_simd_encode.cpp) where the backend has one, else the scalar encode_row.
 template <class BackendTag, KvCodec C>
 void encode_row_on(const float* x, int n, std::byte* codes, std::byte* meta) noexcept {
 #if KVPACK_HAS_AVX2

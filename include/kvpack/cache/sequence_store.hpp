@@ -245,20 +245,21 @@ class SequenceStore {
     }
   }
 
-  /// Of an n-token append to layer li (non-evicting stores, which commit after the push), the
-  /// tokens after the sinks that commit() would quantize within the append beyond every pending
-  /// row: whole units past the residual window, when the pending rows are whole units that all
-  /// commit too (commit_pending() encodes them first). push() leaves them out of the pending rows,
-  /// commit_direct() encodes them from the caller's rows: the same codes without a copy through
-  /// the pending rows (4 MiB per 512-token chunk at the 8B shape). 0 for evicting stores.
+  /// Of an n-token append to layer li, the tokens after the sinks that commit() would quantize in
+  /// it beyond all pending rows, if those are whole units that all commit (commit_pending() first).
+  /// push() leaves them out of the pending rows and commit_direct() encodes them from the caller's
+  /// rows: the same codes without a copy through the pending rows. 0 for evicting stores.
   template <class Hook>
   [[nodiscard]] std::int64_t direct_tokens(int li, std::int64_t n, const Hook& hook) const {
-    constexpr std::int64_t unit = Codec::commit_unit;
-    const Layer& L = layer(li);
-    const std::int64_t pending = L.pend.size(), after_sinks = n - std::min<std::int64_t>(n, SinkTokens - L.sinks_held);
-    const std::int64_t keep = std::max<std::int64_t>(ResidualTokens, hook.keep_exact(*this, li));
-    const std::int64_t n_commit = std::max<std::int64_t>(0, (pending + after_sinks - keep) / unit * unit);
-    return Evicts || pending % unit != 0 || n_commit <= pending ? 0 : n_commit - pending;
+    if constexpr (Evicts) return 0;
+    else {  // NOLINT(readability-else-after-return): discards the hook call for evicting stores
+      constexpr std::int64_t unit = Codec::commit_unit;
+      const Layer& L = layer(li);
+      const std::int64_t pending = L.pend.size(), after_sinks = n - std::min<std::int64_t>(n, SinkTokens - L.sinks_held);
+      const std::int64_t keep = std::max<std::int64_t>(ResidualTokens, hook.keep_exact(*this, li));
+      const std::int64_t n_commit = std::max<std::int64_t>(0, (pending + after_sinks - keep) / unit * unit);
+      return pending % unit != 0 || n_commit <= pending ? 0 : n_commit - pending;
+    }
   }
 
   /// Encodes every pending row of layer li (whole units, as direct_tokens() > 0 found) ahead of
