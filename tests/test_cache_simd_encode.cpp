@@ -112,6 +112,22 @@ TYPED_TEST(CacheSimdEncode, BlockBytesEqualTheScalarOracle) {
 // to a float below the exact quotient, so the metadata's round-up must step one float ulp up
 // before rounding up to fp16 (meta.hpp f32_round_up); the vectorized metadata of the AVX2
 // encoders (derive4) must do the same. Rows and per-channel groups, against the scalar encoders.
+// The values x (whole groups of G) as per-channel groups, channel c of G tokens holding group
+// c's values (the first multiple of 8 groups): AVX2 and scalar encode_channels bytes equal.
+template <class C>
+void expect_channels_equal(const std::vector<float>& x) {
+  constexpr int G = C::group_size;
+  const int groups = static_cast<int>(x.size()) / G, channels = groups - groups % 8;
+  std::vector<float> t(static_cast<std::size_t>(G) * channels);
+  for (int c = 0; c < channels; ++c)
+    for (int r = 0; r < G; ++r) t[r * channels + c] = x[c * G + r];
+  const std::size_t row_bytes = C::code_bytes(static_cast<std::size_t>(channels));
+  std::vector<std::byte> ca(G * row_bytes + channels * C::meta_bytes_per_group), cb(ca.size());
+  kernels::avx2::encode_channels<C>(t.data(), channels, channels, ca.data(), row_bytes, ca.data() + G * row_bytes);
+  encode_channels<C>(t.data(), channels, channels, cb.data(), row_bytes, cb.data() + G * row_bytes);
+  EXPECT_EQ(ca, cb) << "channels";
+}
+
 template <class C>
 void check_scale_edges() {
   constexpr int G = C::group_size;
@@ -143,16 +159,7 @@ void check_scale_edges() {
     encode_row<C>(x.data() + r * 5 * G, 5 * G, pb, pb + cb);
   }
   EXPECT_EQ(a5, b5) << "rows of 5 groups";
-  // The same values as per-channel groups: channel c of G tokens holds group c's values.
-  const int channels = groups - groups % 8;
-  std::vector<float> t(static_cast<std::size_t>(G) * channels);
-  for (int c = 0; c < channels; ++c)
-    for (int r = 0; r < G; ++r) t[r * channels + c] = x[c * G + r];
-  const std::size_t row_bytes = C::code_bytes(static_cast<std::size_t>(channels));
-  std::vector<std::byte> ca(G * row_bytes + channels * C::meta_bytes_per_group), cb(ca.size());
-  kernels::avx2::encode_channels<C>(t.data(), channels, channels, ca.data(), row_bytes, ca.data() + G * row_bytes);
-  encode_channels<C>(t.data(), channels, channels, cb.data(), row_bytes, cb.data() + G * row_bytes);
-  EXPECT_EQ(ca, cb) << "channels";
+  expect_channels_equal<C>(x);
 }
 
 // Rows of 1-9 groups (the AVX2 encoder reduces the ranges of four groups at a time in registers,
@@ -232,15 +239,7 @@ void check_half_levels() {
   kernels::avx2::encode_row<C>(x.data(), groups * G, a.data(), a.data() + cb);
   encode_row<C>(x.data(), groups * G, b.data(), b.data() + cb);
   EXPECT_EQ(a, b) << "rows";
-  const int channels = groups - groups % 8;
-  std::vector<float> t(static_cast<std::size_t>(G) * channels);
-  for (int c = 0; c < channels; ++c)
-    for (int r = 0; r < G; ++r) t[r * channels + c] = x[c * G + r];
-  const std::size_t row_bytes = C::code_bytes(static_cast<std::size_t>(channels));
-  std::vector<std::byte> ca(G * row_bytes + channels * C::meta_bytes_per_group), cc(ca.size());
-  kernels::avx2::encode_channels<C>(t.data(), channels, channels, ca.data(), row_bytes, ca.data() + G * row_bytes);
-  encode_channels<C>(t.data(), channels, channels, cc.data(), row_bytes, cc.data() + G * row_bytes);
-  EXPECT_EQ(ca, cc) << "channels";
+  expect_channels_equal<C>(x);
 }
 
 TEST(CacheSimdEncodeEdges, HalfLevelsEqualTheScalarDivision) {

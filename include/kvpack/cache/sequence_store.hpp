@@ -245,10 +245,9 @@ class SequenceStore {
     }
   }
 
-  /// Of an n-token append to layer li, the tokens after the sinks that commit() would quantize in
-  /// it beyond all pending rows, if those are whole units that all commit (commit_pending() first).
-  /// push() leaves them out of the pending rows and commit_direct() encodes them from the caller's
-  /// rows: the same codes without a copy through the pending rows. 0 for evicting stores.
+  /// Of an n-token append to layer li, the tokens after the sinks that commit() would quantize in it
+  /// beyond all pending rows, if those are whole units that all commit (commit_pending() first); push()
+  /// skips them, commit_direct() encodes them from the caller's rows (same codes). 0 if evicting.
   template <class Hook>
   [[nodiscard]] std::int64_t direct_tokens(int li, std::int64_t n, const Hook& hook) const {
     if constexpr (Evicts) return 0;
@@ -262,8 +261,7 @@ class SequenceStore {
     }
   }
 
-  /// Encodes every pending row of layer li (whole units, as direct_tokens() > 0 found) ahead of
-  /// the append's direct tokens. Non-evicting stores only.
+  /// Encodes every pending row of layer li (whole units) ahead of the append's direct tokens.
   void commit_pending(int li) {
     static_assert(!Evicts, "SequenceStore::commit_pending: evicting stores commit through their hook");
     Layer& L = layer(li);
