@@ -119,14 +119,19 @@ TYPED_TEST_SUITE(AllocFault, FaultCaches);
 TYPED_TEST(AllocFault, EveryFailedAllocationIsAnErrorAndChangesNothing) {
   const auto ops = sequence();
   // The run without faults.
+  // Until its fault fires, a faulted run makes the same calls on the same data, so the cache
+  // before op i is the fault-free run's after op i - 1 (one snapshot per op, not one per op and
+  // fault point: the sweep is quadratic in the ops).
   auto clean = TypeParam::create(kShape).value();
   std::vector<std::vector<float>> want;
+  std::vector<Snapshot> clean_before{snapshot(clean)};  // [i]: before op i; back(): at the end
   for (const Op& op : ops) {
     std::vector<float> out;
     ASSERT_TRUE(run_op(clean, op, out, false));
     want.push_back(out);
+    clean_before.push_back(snapshot(clean));
   }
-  const Snapshot want_end = snapshot(clean);
+  const Snapshot& want_end = clean_before.back();
 
   int injected = 0;
   const long step = kvtest::fault_step();  // 2 in the sanitizer stage's short sweeps
@@ -146,13 +151,12 @@ TYPED_TEST(AllocFault, EveryFailedAllocationIsAnErrorAndChangesNothing) {
     TypeParam c = std::move(made).value();
     for (size_t i = 0; i < ops.size(); ++i) {
       const bool fired_before = g_fired;
-      const Snapshot before = fired_before ? Snapshot{} : snapshot(c);
       std::vector<float> out;
       Status st = run_op(c, ops[i], out, true);
       if (!st) {
         ASSERT_TRUE(g_fired && !fired_before) << "op " << i << " failed without a fault: " << st.error().message;
         ASSERT_EQ(st.error().code, Errc::out_of_memory) << "op " << i << ": " << st.error().message;
-        EXPECT_TRUE(snapshot(c) == before) << "op " << i << " (fault at allocation " << n << ") changed the cache";
+        EXPECT_TRUE(snapshot(c) == clean_before[i]) << "op " << i << " (fault at allocation " << n << ") changed the cache";
         st = run_op(c, ops[i], out, false);  // the same call again, no fault
         ASSERT_TRUE(st) << "op " << i << " after a failed attempt: " << st.error().message;
         ++injected;

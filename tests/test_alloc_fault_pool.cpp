@@ -72,11 +72,14 @@ TYPED_TEST(PoolAllocFault, EveryFailedAllocationIsAnErrorAndChangesNothing) {
     return op.kind == Kind::truncate && !truncates ? !st && st.error().code == Errc::unsupported : bool(st);
   };
 
-  // The run without faults: outputs and the snapshot after every call.
+  // The run without faults: outputs and the snapshot after every call. Until its fault fires, a
+  // faulted run makes the same calls on the same data, so the pool before call i is the
+  // fault-free run's after call i - 1 (one snapshot per call, not one per call and fault point).
   auto clean = TypeParam::create(cfg).value();
   std::vector<SeqId> clean_ids(kSeqs);
   std::vector<std::vector<float>> want(ops.size());
   std::vector<std::string> want_after(ops.size());
+  const std::string want_initial = snapshot(clean, clean_ids);
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Status st = run(clean, clean_ids, ops[i], i, want[i], false);
     ASSERT_TRUE(expected(ops[i], st)) << "op " << i << " " << name(ops[i].kind) << ": " << (st ? "" : st.error().message);
@@ -106,7 +109,7 @@ TYPED_TEST(PoolAllocFault, EveryFailedAllocationIsAnErrorAndChangesNothing) {
     std::vector<SeqId> ids(kSeqs);
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const bool fired_before = g_fired;
-      const std::string before = fired_before ? std::string() : snapshot(pool, ids);
+      const std::string& before = i == 0 ? want_initial : want_after[i - 1];
       std::vector<float> out;
       Status st;
       try {
