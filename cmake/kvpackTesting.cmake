@@ -26,6 +26,26 @@ function(kvpack_add_cuda_executable name)
   set_property(GLOBAL APPEND PROPERTY KVPACK_CUDA_TARGETS ${name})
 endfunction()
 
+# kvpack_program(<name> <sources>...)
+#
+# A program of the build (benchmark, example, tool, or a test that needs the real model or a
+# redis-server): add_executable, or, with KVPACK_CHECK_ONLY_UNRUN, an object library whose sources
+# go through the compiler's front end only (cmake/syntax_only.sh: every template instantiated,
+# the warnings as errors, no code; a quarter of the CPU of clang++ -O0 with the sanitizers). The
+# asan-ubsan preset sets it: that stage runs none of these programs (the model and remote labels
+# run in their own stages on the gcc-release build), so compiling them with the sanitizers only
+# bought clang++'s warnings. Callers register tests or POST_BUILD steps only when it is OFF
+# (nothing is linked).
+option(KVPACK_CHECK_ONLY_UNRUN "Benchmarks, examples, tools, model and remote tests: front-end check only, no link" OFF)
+function(kvpack_program name)
+  if(KVPACK_CHECK_ONLY_UNRUN)
+    add_library(${name} OBJECT ${ARGN})
+    set_target_properties(${name} PROPERTIES CXX_COMPILER_LAUNCHER ${PROJECT_SOURCE_DIR}/cmake/syntax_only.sh)
+  else()
+    add_executable(${name} ${ARGN})
+  endif()
+endfunction()
+
 if(NOT KVPACK_BUILD_TESTS)
   return()
 endif()
