@@ -1,4 +1,4 @@
-# Test plumbing shared by tests/, bench/ and examples/. Included by the top-level
+# Test plumbing shared by tests/, bench/, examples/ and tools/. Included by the top-level
 # CMakeLists.txt before those folders; the GoogleTest part only when KVPACK_BUILD_TESTS is on.
 #
 # ctest labels, one per test (the CI stages select tests by label; README "Contributing"):
@@ -34,8 +34,9 @@ endfunction()
 # the warnings as errors, no code; a quarter of the CPU of clang++ -O0 with the sanitizers). The
 # asan-ubsan preset sets it: that stage runs none of these programs (the model and remote labels
 # run in their own stages on the gcc-release build), so compiling them with the sanitizers only
-# bought clang++'s warnings. Callers register tests or POST_BUILD steps only when it is OFF
-# (nothing is linked).
+# bought clang++'s warnings and a link. gcc-release still links the examples, tools and tests;
+# the benchmarks then link nowhere in CI (gcc-release does not build them; bench/run_bench.sh
+# does). Callers register tests or POST_BUILD steps only when it is OFF (nothing is linked).
 option(KVPACK_CHECK_ONLY_UNRUN "Benchmarks, examples, tools, model and remote tests: front-end check only, no link" OFF)
 function(kvpack_program name)
   if(KVPACK_CHECK_ONLY_UNRUN)

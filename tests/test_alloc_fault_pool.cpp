@@ -75,6 +75,8 @@ TYPED_TEST(PoolAllocFault, EveryFailedAllocationIsAnErrorAndChangesNothing) {
   // The run without faults: outputs and the snapshot after every call. Until its fault fires, a
   // faulted run makes the same calls on the same data, so the pool before call i is the
   // fault-free run's after call i - 1 (one snapshot per call, not one per call and fault point).
+  // The fault-free run's snapshots probe it (fork, attend, free): that must leave nothing a
+  // snapshot records (it records no SeqId values or page ids; freed pages are zeroed).
   auto clean = TypeParam::create(cfg).value();
   std::vector<SeqId> clean_ids(kSeqs);
   std::vector<std::vector<float>> want(ops.size());

@@ -20,7 +20,8 @@ trap 'rm -rf "$out"' EXIT
 # where the engine's defaults (10 requests, 384-token prefix) took 47 s.
 for policy in int4-g32 kivi4; do
   "$engine" --model "$KVPACK_MODEL_PATH" --policy "$policy" --requests 6 --max-new 16 --prefix 200 \
-    --json "$out/$policy.json" > "$out/$policy.log"
+    --json "$out/$policy.json" > "$out/$policy.log" ||
+    { rc=$?; tail -n 30 "$out/$policy.log"; echo "engine.serving: $policy exited with $rc"; exit "$rc"; }
 done
 python3 - "$out/int4-g32.json" "$out/kivi4.json" <<'PY'
 import json, sys
